@@ -1,0 +1,1 @@
+"""flowstream: durable workflows over an event history, on Kafka or embedded RocksDB."""

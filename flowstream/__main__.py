@@ -1,0 +1,5 @@
+import sys
+
+from flowstream.cli import main
+
+sys.exit(main())
