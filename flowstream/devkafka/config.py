@@ -1,0 +1,97 @@
+"""The files a development node runs from: ``server.properties`` and two log4j2 configurations.
+
+Every node is a combined broker+controller on 127.0.0.1 in a static KRaft quorum
+(``controller.quorum.voters``), so formatting needs no ``--standalone`` and no directory ids.
+Internal topics get the replication of the cluster size (1, or 3 with ``min.insync.replicas=2``);
+durability settings keep Kafka's defaults (no unclean leader election, ``acks=all`` honoured).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["BROKER_LOG4J", "TOOLS_LOG4J", "NodeSpec", "server_properties"]
+
+HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One combined broker+controller: its id, client port and controller port."""
+
+    node_id: int
+    port: int
+    controller_port: int
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.port}"
+
+
+def server_properties(node: NodeSpec, nodes: Sequence[NodeSpec], data_dir: Path) -> str:
+    """The broker configuration of ``node`` in a cluster of ``nodes``."""
+    replicas = len(nodes)
+    min_isr = 2 if replicas >= 3 else 1
+    voters = ",".join(f"{n.node_id}@{HOST}:{n.controller_port}" for n in nodes)
+    settings: list[tuple[str, object]] = [
+        ("process.roles", "broker,controller"),
+        ("node.id", node.node_id),
+        ("controller.quorum.voters", voters),
+        ("listeners", f"PLAINTEXT://{HOST}:{node.port},CONTROLLER://{HOST}:{node.controller_port}"),
+        ("advertised.listeners", f"PLAINTEXT://{HOST}:{node.port}"),
+        ("inter.broker.listener.name", "PLAINTEXT"),
+        ("controller.listener.names", "CONTROLLER"),
+        ("listener.security.protocol.map", "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"),
+        ("log.dirs", data_dir),
+        ("num.partitions", 1),
+        ("default.replication.factor", replicas),
+        ("min.insync.replicas", min_isr),
+        ("unclean.leader.election.enable", "false"),
+        ("auto.create.topics.enable", "false"),
+        ("offsets.topic.replication.factor", replicas),
+        ("offsets.topic.num.partitions", 10),
+        ("transaction.state.log.replication.factor", replicas),
+        ("transaction.state.log.min.isr", min_isr),
+        ("transaction.state.log.num.partitions", 10),
+        ("share.coordinator.state.topic.replication.factor", replicas),
+        ("share.coordinator.state.topic.min.isr", min_isr),
+        ("group.initial.rebalance.delay.ms", 0),
+        # Tests abort timed-out transactions within seconds instead of ten.
+        ("transaction.abort.timed.out.transaction.cleanup.interval.ms", 1000),
+        # A killed node is fenced after 6 s rather than 9 s.
+        ("broker.session.timeout.ms", 6000),
+    ]
+    lines = ["# Written by flowstream dev-kafka; rewritten on every start."]
+    lines += [f"{key}={value}" for key, value in settings]
+    return "\n".join(lines) + "\n"
+
+
+#: Broker logging: INFO to stdout, which the launcher sends to the node's ``kafka.log``.
+BROKER_LOG4J = """\
+status = warn
+appender.console.type = Console
+appender.console.name = STDOUT
+appender.console.target = SYSTEM_OUT
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.stdout.ref = STDOUT
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+logger.requestchannel.name = kafka.network.RequestChannel$
+logger.requestchannel.level = WARN
+"""
+
+#: Storage-tool logging: warnings only, to stderr.
+TOOLS_LOG4J = """\
+status = warn
+appender.console.type = Console
+appender.console.name = STDERR
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.stderr.ref = STDERR
+"""
