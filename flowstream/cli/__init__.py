@@ -17,6 +17,7 @@ __all__ = ["main"]
 _COMMAND_MODULES = (
     "flowstream.cli.local",
     "flowstream.cli.devkafka",
+    "flowstream.cli.topics",
 )
 
 

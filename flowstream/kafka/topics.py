@@ -1,0 +1,190 @@
+"""Create the declared topics that are missing and verify the ones that exist.
+
+``apply`` creates what is missing (waiting until every partition has a leader), then verifies
+everything; ``verify`` only checks. A topic that exists with another partition count or cleanup
+policy than declared is an error naming the topic: run-keyed topics cannot be repartitioned in
+place, because :func:`flowstream.partitioning.partition_for` would move runs to other partitions.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from flowstream.kafka.clients import (
+    AdminClient,
+    ClusterMetadata,
+    ConfigResource,
+    KafkaError,
+    KafkaException,
+    NewTopic,
+    ResourceType,
+    new_admin,
+)
+from flowstream.topology import TopicSpec, Topology, TopologyError
+
+__all__ = ["TopicState", "apply", "verify"]
+
+
+@dataclass(frozen=True)
+class TopicState:
+    """A declared topic as found (or just created) on the cluster."""
+
+    suffix: str
+    name: str
+    partitions: int
+    created: bool
+
+
+def apply(
+    admin: AdminClient | str,
+    topology: Topology,
+    *,
+    prefix: str | None = None,
+    replication_factor: int | None = None,
+    timeout: float = 30.0,
+) -> list[TopicState]:
+    """Create missing topics (``replication_factor`` overrides the declared one), verify all."""
+    client = new_admin(admin) if isinstance(admin, str) else admin
+    names = _names(topology, prefix)
+    metadata = client.list_topics(timeout=timeout)
+    missing = [spec for spec in topology.topics if names[spec.suffix] not in metadata.topics]
+    brokers = len(metadata.brokers)
+    for spec in missing:
+        replicas = replication_factor or spec.replication_factor
+        if replicas > brokers:
+            raise TopologyError(
+                f"topic {names[spec.suffix]} needs replication factor {replicas} but the cluster "
+                f"has {brokers} broker(s); pass a smaller replication factor "
+                "(e.g. --replication-factor 1 for a one-broker development cluster)"
+            )
+    if missing:
+        _create(client, [(names[s.suffix], s) for s in missing], replication_factor, timeout)
+    created = {names[spec.suffix] for spec in missing}
+    return _check(client, topology, names, created, timeout)
+
+
+def verify(
+    admin: AdminClient | str,
+    topology: Topology,
+    *,
+    prefix: str | None = None,
+    timeout: float = 30.0,
+) -> list[TopicState]:
+    """Check that every declared topic exists as declared; raise :class:`TopologyError` if not."""
+    client = new_admin(admin) if isinstance(admin, str) else admin
+    return _check(client, topology, _names(topology, prefix), set(), timeout)
+
+
+def _names(topology: Topology, prefix: str | None) -> dict[str, str]:
+    return topology.names(prefix)
+
+
+def _create(
+    client: AdminClient,
+    specs: Sequence[tuple[str, TopicSpec]],
+    replication_factor: int | None,
+    timeout: float,
+) -> None:
+    new_topics = []
+    for name, spec in specs:
+        replicas = replication_factor or spec.replication_factor
+        new_topics.append(
+            NewTopic(
+                name,
+                num_partitions=spec.partitions,
+                replication_factor=replicas,
+                config=spec.configs(replicas),
+            )
+        )
+    futures = client.create_topics(new_topics, operation_timeout=timeout, request_timeout=timeout)
+    for name, future in futures.items():
+        try:
+            future.result()
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            # Another process created it meanwhile; the check below still verifies it.
+            if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                continue
+            raise TopologyError(f"could not create topic {name}: {exc}") from None
+    _wait_for_leaders(client, [name for name, _ in specs], timeout)
+
+
+def _wait_for_leaders(client: AdminClient, names: Sequence[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        metadata = client.list_topics(timeout=timeout)
+        pending = [name for name in names if not _has_leaders(metadata, name)]
+        if not pending:
+            return
+        if time.monotonic() >= deadline:
+            raise TopologyError(
+                f"topics without a leader for every partition after {timeout:.0f} s: "
+                f"{', '.join(pending)}"
+            )
+        time.sleep(0.1)
+
+
+def _has_leaders(metadata: ClusterMetadata, name: str) -> bool:
+    topic = metadata.topics.get(name)
+    if topic is None or topic.error is not None or not topic.partitions:
+        return False
+    return all(p.leader >= 0 and p.error is None for p in topic.partitions.values())
+
+
+def _check(
+    client: AdminClient,
+    topology: Topology,
+    names: dict[str, str],
+    created: set[str],
+    timeout: float,
+) -> list[TopicState]:
+    metadata = client.list_topics(timeout=timeout)
+    problems: list[str] = []
+    states: list[TopicState] = []
+    present: list[tuple[str, TopicSpec]] = []
+    missing: list[str] = []
+    for spec in topology.topics:
+        name = names[spec.suffix]
+        topic = metadata.topics.get(name)
+        if topic is None:
+            missing.append(name)
+            continue
+        count = len(topic.partitions)
+        if count != spec.partitions:
+            problems.append(
+                f"topic {name} has {count} partitions but the topology declares "
+                f"{spec.partitions}; partition counts cannot change in place (use a new prefix "
+                "and migrate)"
+            )
+        present.append((name, spec))
+        states.append(TopicState(spec.suffix, name, count, name in created))
+    if missing:
+        problems.insert(
+            0, f"topics missing: {', '.join(missing)} (create them with `flowstream topics apply`)"
+        )
+    problems += _check_cleanup(client, present, timeout)
+    if problems:
+        raise TopologyError("; ".join(problems))
+    return states
+
+
+def _check_cleanup(
+    client: AdminClient, present: Sequence[tuple[str, TopicSpec]], timeout: float
+) -> list[str]:
+    if not present:
+        return []
+    resources = {name: ConfigResource(ResourceType.TOPIC, name) for name, _ in present}
+    futures = client.describe_configs(list(resources.values()), request_timeout=timeout)
+    problems = []
+    for name, spec in present:
+        entries = futures[resources[name]].result()
+        entry = entries.get("cleanup.policy")
+        policy = entry.value if entry is not None else None
+        if policy != spec.cleanup_policy:
+            problems.append(
+                f"topic {name} has cleanup.policy={policy} but the topology declares "
+                f"{spec.cleanup_policy}"
+            )
+    return problems
