@@ -1,0 +1,165 @@
+"""Every error flowstream raises, under one root.
+
+::
+
+    FlowError
+    ├── EventConflictError           append_if_sequence lost a race (engine re-reads and replays)
+    ├── NonDeterministicError        replay produced another definition for a durable identity
+    ├── InvalidTransitionError       a history or command breaks the event state machine
+    │   └── CorruptHistoryError      a stored history fails validation on read
+    ├── SerializationError           bytes or JSON that do not decode into the expected type
+    ├── RunConflictError             a start/signal/cancel disagrees with what is durable
+    │   └── HookTokenConflictError   a hook token is already active in another run
+    ├── RunNotFoundError             no history for the run id
+    ├── PayloadTooLargeError         an event exceeds MAX_EVENT_BYTES
+    ├── InvalidIdentifierError       a run, step, wait, hook, signal or patch id is malformed
+    ├── RuntimeBuildUnavailableError the run is pinned to a build this engine cannot serve
+    ├── LimitExceededError           replay, child depth or continuation limits
+    ├── StoreLockedError             another process holds the embedded store
+    └── StepError                    raised *by step handlers* to control retries
+        ├── NonRetryableError        fail the attempt without using the retry budget
+        └── UnknownOutcomeError      the side effect may or may not have happened (non-retryable)
+
+Messages never contain hook tokens or other secrets; they say what to do next where possible.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CorruptHistoryError",
+    "EventConflictError",
+    "FlowError",
+    "HookTokenConflictError",
+    "InvalidIdentifierError",
+    "InvalidTransitionError",
+    "LimitExceededError",
+    "NonDeterministicError",
+    "NonRetryableError",
+    "PayloadTooLargeError",
+    "RunConflictError",
+    "RunNotFoundError",
+    "RuntimeBuildUnavailableError",
+    "SerializationError",
+    "StepError",
+    "StoreLockedError",
+    "UnknownOutcomeError",
+]
+
+
+class FlowError(Exception):
+    """Root of every flowstream error."""
+
+    def __init__(self, message: str, *, run_id: str | None = None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+
+class EventConflictError(FlowError):
+    """``append_if_sequence`` found another last sequence than the caller expected."""
+
+    def __init__(self, run_id: str, expected_sequence: int, actual_sequence: int) -> None:
+        super().__init__(
+            f"run {run_id}: expected last sequence {expected_sequence} but the store holds "
+            f"{actual_sequence}; re-read the history and replay",
+            run_id=run_id,
+        )
+        self.expected_sequence = expected_sequence
+        self.actual_sequence = actual_sequence
+
+
+class NonDeterministicError(FlowError):
+    """A durable identity reappeared with other parameters; nothing was appended."""
+
+    def __init__(self, run_id: str, reason: str) -> None:
+        super().__init__(f"nondeterministic replay of run {run_id}: {reason}", run_id=run_id)
+        self.reason = reason
+
+
+class InvalidTransitionError(FlowError):
+    """An event or command is not legal in the run's current state."""
+
+    def __init__(self, message: str, *, run_id: str | None = None) -> None:
+        prefix = f"run {run_id}: " if run_id else ""
+        super().__init__(prefix + message, run_id=run_id)
+
+
+class CorruptHistoryError(InvalidTransitionError):
+    """A stored history fails validation; the run is reported, never executed."""
+
+
+class SerializationError(FlowError):
+    """A value could not be encoded or decoded into the requested type."""
+
+
+class RunConflictError(FlowError):
+    """A request disagrees with the run's durable state (spec, input, signal payload…)."""
+
+
+class HookTokenConflictError(RunConflictError):
+    """A hook token is already active; names the owning run and hook, never the token."""
+
+    def __init__(self, run_id: str, owner_run_id: str, owner_hook_id: str) -> None:
+        super().__init__(
+            f"run {run_id}: hook token is already active for hook {owner_hook_id} "
+            f"of run {owner_run_id}; use a distinct token",
+            run_id=run_id,
+        )
+        self.owner_run_id = owner_run_id
+        self.owner_hook_id = owner_hook_id
+
+
+class RunNotFoundError(FlowError):
+    """No history exists for the run id."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id} does not exist", run_id=run_id)
+
+
+class PayloadTooLargeError(FlowError):
+    """An encoded event is larger than the store accepts."""
+
+    def __init__(self, run_id: str, size: int, limit: int) -> None:
+        super().__init__(
+            f"run {run_id}: event of {size} bytes exceeds the limit of {limit} bytes; "
+            "keep large payloads outside the history and store a reference",
+            run_id=run_id,
+        )
+        self.size = size
+        self.limit = limit
+
+
+class InvalidIdentifierError(FlowError):
+    """A run id, step id or other identity is malformed."""
+
+
+class RuntimeBuildUnavailableError(FlowError):
+    """The run is pinned to a runtime build this engine does not serve; nothing was appended."""
+
+    def __init__(self, run_id: str, required: str | None, current: str | None) -> None:
+        super().__init__(
+            f"run {run_id} needs runtime build {required or '<unpinned>'} but this engine serves "
+            f"{current or '<unpinned>'}; route it to a compatible worker",
+            run_id=run_id,
+        )
+        self.required_build_id = required
+        self.current_build_id = current
+
+
+class LimitExceededError(FlowError):
+    """A configured engine limit (replay iterations, child depth, continuations) was hit."""
+
+
+class StoreLockedError(FlowError):
+    """Another process holds the embedded store open."""
+
+
+class StepError(FlowError):
+    """Base for errors a step handler raises to steer retries."""
+
+
+class NonRetryableError(StepError):
+    """The attempt failed and must not be retried."""
+
+
+class UnknownOutcomeError(StepError):
+    """The side effect's outcome is unknown; do not retry blindly."""

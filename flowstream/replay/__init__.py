@@ -1,0 +1,1 @@
+"""The pure replay core: projection (``RunState``), decisions and the workflow context."""

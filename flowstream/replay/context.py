@@ -1,0 +1,295 @@
+"""What runtime code receives: invocations, and ``WorkflowContext``, the one door for workflow code.
+
+Everything the context reads is derived from the durable history (through its projection), so it
+is safe to use during replay: no clock, no randomness, no I/O.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from flowstream.errors import SerializationError
+from flowstream.model.base import JSON
+from flowstream.model.commands import (
+    CancelCommand,
+    ChildWorkflowCommand,
+    CompleteCommand,
+    ContinueAsNewCommand,
+    CreateHookCommand,
+    FailCommand,
+    RecordProgressCommand,
+    RuntimeCommand,
+    ScheduleStepCommand,
+    ScheduleStepsCommand,
+    StartChildWorkflowCommand,
+    StartChildWorkflowsCommand,
+    StepCommand,
+    TimeoutCommand,
+    WaitForSignalCommand,
+    WaitUntilCommand,
+)
+from flowstream.model.events import (
+    ChildCancellationPolicy,
+    EventEnvelope,
+    TerminalOutcome,
+    WorkflowProgress,
+)
+from flowstream.model.snapshot import HookStatus, StepStatus, WaitStatus
+from flowstream.model.spec import RetryPolicy, WorkflowSpec
+from flowstream.replay.state import CancellationState, RunState
+
+__all__ = ["StepInvocation", "WorkflowContext", "WorkflowInvocation", "decode_as"]
+
+M = TypeVar("M", bound=BaseModel)
+
+#: Namespace for ``deterministic_id``; fixed forever so ids are stable across versions.
+_ID_NAMESPACE = uuid.UUID("6f1c7a52-3d0e-5b8a-9c41-0f5e2d7b9a13")
+
+
+def decode_as(model: type[M], value: JSON, what: str) -> M:
+    """Decode committed JSON into ``model``; a mismatch is a ``SerializationError``."""
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        raise SerializationError(f"{what} does not decode as {model.__name__}: {exc}") from exc
+
+
+def step_idempotency_key(run_id: str, step_id: str) -> str:
+    """Stable across attempts of one step: hand it to the external system."""
+    return f"flow:{run_id}:{step_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowInvocation:
+    """Input to ``FlowRuntime.run_workflow``: the run, its pinned spec, input and full history."""
+
+    run_id: str
+    spec: WorkflowSpec
+    input: JSON
+    history: Sequence[EventEnvelope]
+    _state: RunState = field(repr=False, compare=False)
+
+    def context(self) -> WorkflowContext:
+        return WorkflowContext(self._state)
+
+
+@dataclass(frozen=True, slots=True)
+class StepInvocation:
+    """Input to ``FlowRuntime.run_step``. ``attempt`` is the same when an attempt is redelivered."""
+
+    run_id: str
+    step_id: str
+    step_name: str
+    attempt: int
+    input: JSON
+    history: Sequence[EventEnvelope] = field(repr=False)
+    idempotency_key: str = ""
+
+    def input_as(self, model: type[M]) -> M:
+        return decode_as(model, self.input, f"input of step {self.step_id}")
+
+
+class WorkflowContext:
+    """Replay-safe read helpers and command builders over one run's history."""
+
+    __slots__ = ("_state",)
+
+    def __init__(self, state: RunState) -> None:
+        self._state = state
+
+    # -- reads ----------------------------------------------------------------------------
+
+    @property
+    def run_id(self) -> str:
+        return self._state.run_id
+
+    @property
+    def spec(self) -> WorkflowSpec:
+        return self._state.spec
+
+    @property
+    def input(self) -> JSON:
+        return self._state.input
+
+    @property
+    def history(self) -> Sequence[EventEnvelope]:
+        return self._state.history
+
+    def input_as(self, model: type[M]) -> M:
+        return decode_as(model, self._state.input, f"input of run {self.run_id}")
+
+    def has_patch_marker(self, marker: str) -> bool:
+        return self._state.spec.has_patch_marker(marker)
+
+    def logical_time(self) -> datetime:
+        """Commit time of the last event: the only clock workflow code may read."""
+        updated = self._state.updated_at
+        assert updated is not None
+        return updated
+
+    def deterministic_id(self, name: str) -> str:
+        """A UUID derived from the run id and ``name``: the same on every replay."""
+        run_id = self._state.run_id
+        return str(uuid.uuid5(_ID_NAMESPACE, f"{len(run_id)}/{run_id}{len(name)}/{name}"))
+
+    def step_completed(self, step_id: str) -> bool:
+        step = self._state.steps.get(step_id)
+        return step is not None and step.status is StepStatus.COMPLETED
+
+    def step_output(self, step_id: str) -> JSON:
+        """Committed output of a completed step, else ``None`` (see ``step_completed``)."""
+        step = self._state.steps.get(step_id)
+        if step is None or step.status is not StepStatus.COMPLETED:
+            return None
+        return step.output
+
+    def step_output_as(self, step_id: str, model: type[M]) -> M | None:
+        if not self.step_completed(step_id):
+            return None
+        return decode_as(model, self.step_output(step_id), f"output of step {step_id}")
+
+    def step_failed(self, step_id: str) -> str | None:
+        """The final error of a failed step, else ``None``."""
+        step = self._state.steps.get(step_id)
+        if step is None or step.status is not StepStatus.FAILED:
+            return None
+        return step.error
+
+    def step_cancelled(self, step_id: str) -> bool:
+        step = self._state.steps.get(step_id)
+        return step is not None and step.status is StepStatus.CANCELLED
+
+    def wait_completed(self, wait_id: str) -> bool:
+        wait = self._state.waits.get(wait_id)
+        return wait is not None and wait.status is WaitStatus.COMPLETED
+
+    def signal_received(self, wait_id: str) -> bool:
+        """Whether the signal wait ``wait_id`` has been paired with a signal."""
+        wait = self._state.signal_waits.get(wait_id)
+        return wait is not None and wait.status is WaitStatus.COMPLETED
+
+    def signal_payload(self, wait_id: str) -> JSON:
+        """Payload of the signal paired with signal wait ``wait_id``, else ``None``."""
+        wait = self._state.signal_waits.get(wait_id)
+        if wait is None or wait.signal_id is None:
+            return None
+        return self._state.signals[wait.signal_id].payload
+
+    def signal_payload_as(self, wait_id: str, model: type[M]) -> M | None:
+        if not self.signal_received(wait_id):
+            return None
+        return decode_as(model, self.signal_payload(wait_id), f"signal for wait {wait_id}")
+
+    def hook_received(self, hook_id: str) -> bool:
+        hook = self._state.hooks.get(hook_id)
+        return hook is not None and hook.received
+
+    def hook_payload(self, hook_id: str) -> JSON:
+        hook = self._state.hooks.get(hook_id)
+        return None if hook is None else hook.payload
+
+    def hook_payload_as(self, hook_id: str, model: type[M]) -> M | None:
+        if not self.hook_received(hook_id):
+            return None
+        return decode_as(model, self.hook_payload(hook_id), f"payload of hook {hook_id}")
+
+    def hook_disposed(self, hook_id: str) -> bool:
+        hook = self._state.hooks.get(hook_id)
+        return hook is not None and hook.status is HookStatus.DISPOSED
+
+    def child_workflow_outcome(self, child_id: str) -> TerminalOutcome | None:
+        child = self._state.children.get(child_id)
+        return None if child is None else child.outcome
+
+    def child_workflow_run_id(self, child_id: str) -> str | None:
+        child = self._state.children.get(child_id)
+        return None if child is None else child.run_id
+
+    def cancellation_request(self) -> CancellationState | None:
+        return self._state.cancellation
+
+    def progress(self, progress_id: str) -> WorkflowProgress | None:
+        return self._state.progress.get(progress_id)
+
+    # -- command builders -----------------------------------------------------------------
+
+    def complete(self, output: JSON = None) -> CompleteCommand:
+        return RuntimeCommand.complete(output)
+
+    def fail(self, error: str) -> FailCommand:
+        return RuntimeCommand.fail(error)
+
+    def cancel(self) -> CancelCommand:
+        return RuntimeCommand.cancel()
+
+    def timeout(self, deadline: datetime, reason: str | None = None) -> TimeoutCommand:
+        return RuntimeCommand.timeout(deadline, reason)
+
+    def continue_as_new(self, input: JSON = None) -> ContinueAsNewCommand:
+        return RuntimeCommand.continue_as_new(input)
+
+    def record_progress(
+        self, progress_id: str, completed: int, total: int | None = None, message: str | None = None
+    ) -> RecordProgressCommand:
+        return RuntimeCommand.record_progress(progress_id, completed, total, message)
+
+    def step(
+        self, step_id: str, step_name: str, input: JSON = None, retry: RetryPolicy | None = None
+    ) -> StepCommand:
+        """One member of a ``schedule_steps`` batch."""
+        return StepCommand(
+            step_id=step_id, step_name=step_name, input=input, retry=retry or RetryPolicy()
+        )
+
+    def schedule_step(
+        self, step_id: str, step_name: str, input: JSON = None, retry: RetryPolicy | None = None
+    ) -> ScheduleStepCommand:
+        return RuntimeCommand.schedule_step(step_id, step_name, input, retry)
+
+    def schedule_steps(self, steps: Sequence[StepCommand]) -> ScheduleStepsCommand:
+        return RuntimeCommand.schedule_steps(steps)
+
+    def wait_until(self, wait_id: str, resume_at: datetime) -> WaitUntilCommand:
+        return RuntimeCommand.wait_until(wait_id, resume_at)
+
+    def wait_for_signal(self, wait_id: str, signal_name: str) -> WaitForSignalCommand:
+        return RuntimeCommand.wait_for_signal(wait_id, signal_name)
+
+    def create_hook(self, hook_id: str, token: str, metadata: JSON = None) -> CreateHookCommand:
+        return RuntimeCommand.create_hook(hook_id, token, metadata)
+
+    def child_workflow(
+        self,
+        child_id: str,
+        spec: WorkflowSpec,
+        input: JSON = None,
+        cancellation_policy: ChildCancellationPolicy = (
+            ChildCancellationPolicy.REQUEST_CANCELLATION
+        ),
+    ) -> ChildWorkflowCommand:
+        """One member of a ``start_child_workflows`` batch."""
+        return ChildWorkflowCommand(
+            child_id=child_id, spec=spec, input=input, cancellation_policy=cancellation_policy
+        )
+
+    def start_child_workflow(
+        self,
+        child_id: str,
+        spec: WorkflowSpec,
+        input: JSON = None,
+        cancellation_policy: ChildCancellationPolicy = (
+            ChildCancellationPolicy.REQUEST_CANCELLATION
+        ),
+    ) -> StartChildWorkflowCommand:
+        return RuntimeCommand.start_child_workflow(child_id, spec, input, cancellation_policy)
+
+    def start_child_workflows(
+        self, children: Sequence[ChildWorkflowCommand]
+    ) -> StartChildWorkflowsCommand:
+        return RuntimeCommand.start_child_workflows(children)

@@ -1,0 +1,223 @@
+"""The event-store contract, and the shared machinery the local stores build on.
+
+Rules every store keeps (the conformance suite in ``tests/stores`` proves each one):
+
+1. ``append_if_sequence(run_id, expected_sequence, events)`` appends only when the run's last
+   sequence equals ``expected_sequence`` (0 for a new run); otherwise it raises
+   ``EventConflictError`` and writes nothing.
+2. Appended events get contiguous sequences from ``expected_sequence + 1``, one commit timestamp
+   and fresh event ids; the whole batch becomes visible atomically, or none of it.
+3. Every batch is validated by the run's state machine (``RunState.apply``) before it is written:
+   an illegal transition raises ``InvalidTransitionError`` and writes nothing.
+4. An event whose JSON encoding exceeds ``MAX_EVENT_BYTES`` raises ``PayloadTooLargeError`` and
+   writes nothing.
+5. A ``hook_created`` whose token digest belongs to an active hook of another run or hook raises
+   ``HookTokenConflictError`` (naming the owner, never the token) and writes nothing.
+6. ``read(run_id)`` returns the complete history in sequence order (``RunNotFoundError`` when
+   there is none); ``state(run_id)`` returns its validated projection.
+7. Due timers and delayed retries are kept in an index by due time, updated in the same atomic
+   write as the events, so ``due_wakeups(now)`` never scans histories.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+
+from flowstream.errors import (
+    EventConflictError,
+    HookTokenConflictError,
+    InvalidTransitionError,
+    PayloadTooLargeError,
+    RunNotFoundError,
+)
+from flowstream.model.base import validate_run_id
+from flowstream.model.events import EventEnvelope, FlowEvent, HookCreated
+from flowstream.model.snapshot import HookStatus
+from flowstream.replay.state import RunState, Wakeup
+
+__all__ = ["MAX_EVENT_BYTES", "AppendResult", "EventStore", "IndexChanges", "utc_now"]
+
+#: Largest accepted event, as encoded JSON.
+MAX_EVENT_BYTES = 1024 * 1024
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class IndexChanges:
+    """Index updates that ride in the same atomic write as an append."""
+
+    __slots__ = ("added_wakeups", "claimed_hooks", "removed_wakeups")
+
+    def __init__(self) -> None:
+        self.added_wakeups: list[Wakeup] = []
+        self.removed_wakeups: list[Wakeup] = []
+        self.claimed_hooks: list[tuple[str, str, str]] = []  # (digest, run_id, hook_id)
+
+
+AppendResult = list[EventEnvelope]
+
+
+class EventStore(ABC):
+    """Append-only per-run histories with optimistic concurrency (see the module rules)."""
+
+    def __init__(self, *, clock: Clock = utc_now) -> None:
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._states: dict[str, RunState] = {}
+
+    # -- the contract ----------------------------------------------------------------------
+
+    def append_if_sequence(
+        self, run_id: str, expected_sequence: int, events: Sequence[FlowEvent]
+    ) -> AppendResult:
+        """Append ``events`` after ``expected_sequence`` or raise (rules 1–5)."""
+        with self._lock:
+            state = self._state_or_none(run_id)
+            actual = 0 if state is None else state.last_sequence
+            if actual != expected_sequence:
+                raise EventConflictError(run_id, expected_sequence, actual)
+            if not events:
+                return []
+            if state is None:
+                validate_run_id(run_id)
+            now = self._clock()
+            envelopes = [
+                EventEnvelope(
+                    run_id=run_id,
+                    sequence=expected_sequence + offset,
+                    event_id=uuid.uuid4().hex,
+                    timestamp=now,
+                    event=event,
+                )
+                for offset, event in enumerate(events, start=1)
+            ]
+            encoded = [self._encode(envelope) for envelope in envelopes]
+            changes = IndexChanges()
+            self._check_hook_claims(run_id, events, changes)
+            before = [] if state is None else state.wakeups()
+            try:
+                if state is None:
+                    state = RunState.first(envelopes[0])
+                    rest: Iterable[EventEnvelope] = envelopes[1:]
+                else:
+                    rest = envelopes
+                for envelope in rest:
+                    state.apply(envelope)
+            except InvalidTransitionError:
+                self._states.pop(run_id, None)
+                raise
+            after = state.wakeups()
+            changes.removed_wakeups = [w for w in before if w not in after]
+            changes.added_wakeups = [w for w in after if w not in before]
+            try:
+                self._persist(run_id, envelopes, encoded, changes)
+            except BaseException:
+                self._states.pop(run_id, None)
+                raise
+            self._states[run_id] = state
+            return envelopes
+
+    def read(self, run_id: str) -> list[EventEnvelope]:
+        """The complete history of ``run_id`` in sequence order."""
+        return list(self.state(run_id).history)
+
+    def state(self, run_id: str) -> RunState:
+        """The validated projection of ``run_id`` (cached; advanced by each append)."""
+        with self._lock:
+            state = self._state_or_none(run_id)
+            if state is None:
+                raise RunNotFoundError(run_id)
+            return state
+
+    def exists(self, run_id: str) -> bool:
+        with self._lock:
+            return self._state_or_none(run_id) is not None
+
+    def find_hook(self, token_digest: str) -> tuple[str, str] | None:
+        """The (run id, hook id) that last claimed a token digest, if any."""
+        with self._lock:
+            return self._hook_owner(token_digest)
+
+    @abstractmethod
+    def list_runs(self) -> list[str]:
+        """Every run id in the store, sorted."""
+
+    @abstractmethod
+    def due_wakeups(self, now: datetime) -> list[Wakeup]:
+        """Timers and delayed retries due at or before ``now``, by due time."""
+
+    @abstractmethod
+    def next_wakeup(self) -> Wakeup | None:
+        """The earliest scheduled timer or delayed retry."""
+
+    def close(self) -> None:
+        """Release resources; the default does nothing."""
+
+    # -- what a backend provides -----------------------------------------------------------
+
+    @abstractmethod
+    def _load(self, run_id: str) -> list[EventEnvelope] | None:
+        """The persisted history, or ``None`` when the run does not exist."""
+
+    @abstractmethod
+    def _persist(
+        self,
+        run_id: str,
+        envelopes: list[EventEnvelope],
+        encoded: list[bytes],
+        changes: IndexChanges,
+    ) -> None:
+        """Write the envelopes and index changes atomically."""
+
+    @abstractmethod
+    def _hook_owner(self, token_digest: str) -> tuple[str, str] | None: ...
+
+    # -- shared helpers --------------------------------------------------------------------
+
+    def _state_or_none(self, run_id: str) -> RunState | None:
+        state = self._states.get(run_id)
+        if state is not None:
+            return state
+        history = self._load(run_id)
+        if history is None:
+            return None
+        state = RunState.from_history(history)
+        self._remember(run_id, state)
+        return state
+
+    def _remember(self, run_id: str, state: RunState) -> None:
+        self._states[run_id] = state
+
+    def _encode(self, envelope: EventEnvelope) -> bytes:
+        data = envelope.model_dump_json().encode()
+        if len(data) > MAX_EVENT_BYTES:
+            raise PayloadTooLargeError(envelope.run_id, len(data), MAX_EVENT_BYTES)
+        return data
+
+    def _check_hook_claims(
+        self, run_id: str, events: Sequence[FlowEvent], changes: IndexChanges
+    ) -> None:
+        for event in events:
+            if not isinstance(event, HookCreated):
+                continue
+            owner = self._hook_owner(event.token_digest)
+            if owner is not None and owner != (run_id, event.hook_id):
+                owner_run, owner_hook = owner
+                owner_state = self._state_or_none(owner_run)
+                hook = None if owner_state is None else owner_state.hooks.get(owner_hook)
+                if (
+                    owner_state is not None
+                    and not owner_state.is_terminal
+                    and hook is not None
+                    and hook.status is HookStatus.ACTIVE
+                ):
+                    raise HookTokenConflictError(run_id, owner_run, owner_hook)
+            changes.claimed_hooks.append((event.token_digest, run_id, event.hook_id))

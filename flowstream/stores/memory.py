@@ -1,0 +1,63 @@
+"""``MemoryEventStore``: the executable specification of the store contract, in one process."""
+
+from __future__ import annotations
+
+import bisect
+from datetime import datetime
+
+from flowstream.model.events import EventEnvelope
+from flowstream.replay.state import Wakeup
+from flowstream.stores.base import Clock, EventStore, IndexChanges, utc_now
+
+__all__ = ["MemoryEventStore"]
+
+
+def _key(wakeup: Wakeup) -> tuple[datetime, str, str, str]:
+    return (wakeup.due, wakeup.run_id, wakeup.kind, wakeup.subject_id)
+
+
+class MemoryEventStore(EventStore):
+    """Histories, the wakeup index and the hook-token index in dicts and a sorted list."""
+
+    def __init__(self, *, clock: Clock = utc_now) -> None:
+        super().__init__(clock=clock)
+        self._histories: dict[str, list[EventEnvelope]] = {}
+        self._wakeups: list[tuple[datetime, str, str, str]] = []
+        self._hooks: dict[str, tuple[str, str]] = {}
+
+    def list_runs(self) -> list[str]:
+        with self._lock:
+            return sorted(self._histories)
+
+    def due_wakeups(self, now: datetime) -> list[Wakeup]:
+        with self._lock:
+            end = bisect.bisect_right(self._wakeups, (now, "\uffff", "", ""))
+            return [Wakeup(*key) for key in self._wakeups[:end]]
+
+    def next_wakeup(self) -> Wakeup | None:
+        with self._lock:
+            return Wakeup(*self._wakeups[0]) if self._wakeups else None
+
+    def _load(self, run_id: str) -> list[EventEnvelope] | None:
+        return self._histories.get(run_id)
+
+    def _persist(
+        self,
+        run_id: str,
+        envelopes: list[EventEnvelope],
+        encoded: list[bytes],
+        changes: IndexChanges,
+    ) -> None:
+        self._histories.setdefault(run_id, []).extend(envelopes)
+        for wakeup in changes.removed_wakeups:
+            key = _key(wakeup)
+            index = bisect.bisect_left(self._wakeups, key)
+            if index < len(self._wakeups) and self._wakeups[index] == key:
+                del self._wakeups[index]
+        for wakeup in changes.added_wakeups:
+            bisect.insort(self._wakeups, _key(wakeup))
+        for digest, owner_run, hook_id in changes.claimed_hooks:
+            self._hooks[digest] = (owner_run, hook_id)
+
+    def _hook_owner(self, token_digest: str) -> tuple[str, str] | None:
+        return self._hooks.get(token_digest)
