@@ -1,0 +1,163 @@
+"""``RocksDBEventStore``: the embedded, durable store (one process at a time).
+
+Key layout (one RocksDB, raw bytes):
+
+``e<run_id>\\0<seq:8 BE>``      the event envelope, as JSON
+``r<run_id>``                   the run's last sequence (8 BE), for ``list_runs`` and conflicts
+``w<due µs:8 BE>\\0<run>\\0<kind>\\0<subject>``   the wakeup index, scanned by due time
+``h<token digest>``             ``<run_id>\\0<hook_id>`` of the hook that claimed the token
+
+An append and every index change it causes go in one ``WriteBatch``, written with ``sync`` so a
+committed event survives a power loss. Only this module imports ``rocksdict``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from flowstream.errors import SerializationError, StoreLockedError
+from flowstream.model.events import EventEnvelope
+from flowstream.replay.state import RunState, Wakeup
+from flowstream.stores.base import Clock, EventStore, IndexChanges, utc_now
+
+__all__ = ["RocksDBEventStore"]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_OFFSET = 1 << 63
+
+
+def _micros(moment: datetime) -> bytes:
+    value = (moment - _EPOCH) // timedelta(microseconds=1) + _OFFSET
+    return value.to_bytes(8, "big")
+
+
+def _from_micros(raw: bytes) -> datetime:
+    return _EPOCH + timedelta(microseconds=int.from_bytes(raw, "big") - _OFFSET)
+
+
+def _wakeup_key(wakeup: Wakeup) -> bytes:
+    return b"w" + _micros(wakeup.due) + b"\0" + "\0".join(
+        (wakeup.run_id, wakeup.kind, wakeup.subject_id)
+    ).encode()
+
+
+def _parse_wakeup(key: bytes) -> Wakeup:
+    run_id, kind, subject = key[10:].decode().split("\0", 2)
+    return Wakeup(_from_micros(key[1:9]), run_id, kind, subject)
+
+
+class RocksDBEventStore(EventStore):
+    """Durable histories and indexes in a local RocksDB directory."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        clock: Clock = utc_now,
+        sync: bool = True,
+        cache_runs: int = 20_000,
+    ) -> None:
+        super().__init__(clock=clock)
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        try:
+            self._db = Rdict(str(self.path), options=options)
+        except Exception as exc:
+            if "lock" in str(exc).lower():
+                raise StoreLockedError(
+                    f"the store at {self.path} is open in another process; stop it or use "
+                    "another directory"
+                ) from exc
+            raise
+        self._write_options = WriteOptions()
+        self._write_options.sync = sync
+        self._cache_runs = cache_runs
+        self._closed = False
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def _scan(self, prefix: bytes, end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        for key, value in self._db.items(from_key=prefix):
+            if not key.startswith(prefix) or (end is not None and key > end):
+                return
+            yield key, value
+
+    def list_runs(self) -> list[str]:
+        with self._lock:
+            return [key[1:].decode() for key, _ in self._scan(b"r")]
+
+    def due_wakeups(self, now: datetime) -> list[Wakeup]:
+        with self._lock:
+            end = b"w" + _micros(now) + b"\xff"
+            return [_parse_wakeup(key) for key, _ in self._scan(b"w", end)]
+
+    def next_wakeup(self) -> Wakeup | None:
+        with self._lock:
+            for key, _ in self._scan(b"w"):
+                return _parse_wakeup(key)
+            return None
+
+    def _load(self, run_id: str) -> list[EventEnvelope] | None:
+        prefix = b"e" + run_id.encode() + b"\0"
+        history: list[EventEnvelope] = []
+        for _, value in self._scan(prefix):
+            try:
+                history.append(EventEnvelope.model_validate_json(value))
+            except ValueError as exc:
+                raise SerializationError(
+                    f"run {run_id}: stored event {len(history) + 1} does not decode: {exc}"
+                ) from exc
+        return history or None
+
+    def _hook_owner(self, token_digest: str) -> tuple[str, str] | None:
+        raw = self._db.get(b"h" + token_digest.encode())
+        if raw is None:
+            return None
+        run_id, hook_id = bytes(raw).decode().split("\0", 1)
+        return run_id, hook_id
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def _persist(
+        self,
+        run_id: str,
+        envelopes: list[EventEnvelope],
+        encoded: list[bytes],
+        changes: IndexChanges,
+    ) -> None:
+        batch = WriteBatch(raw_mode=True)
+        run_key = run_id.encode()
+        for envelope, data in zip(envelopes, encoded, strict=True):
+            batch.put(b"e" + run_key + b"\0" + envelope.sequence.to_bytes(8, "big"), data)
+        batch.put(b"r" + run_key, envelopes[-1].sequence.to_bytes(8, "big"))
+        for wakeup in changes.removed_wakeups:
+            batch.delete(_wakeup_key(wakeup))
+        for wakeup in changes.added_wakeups:
+            batch.put(_wakeup_key(wakeup), b"")
+        for digest, owner_run, hook_id in changes.claimed_hooks:
+            batch.put(b"h" + digest.encode(), f"{owner_run}\0{hook_id}".encode())
+        self._db.write(batch, self._write_options)
+
+    def _remember(self, run_id: str, state: RunState) -> None:
+        if len(self._states) >= self._cache_runs:
+            self._states.pop(next(iter(self._states)))
+        self._states[run_id] = state
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._states.clear()
+                self._db.close()
+
+    def __enter__(self) -> RocksDBEventStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
