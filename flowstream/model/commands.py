@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 
 from flowstream.model.base import JSON, FrozenModel
 from flowstream.model.events import ChildCancellationPolicy, WorkflowProgress
@@ -116,8 +116,19 @@ class RuntimeCommand(FrozenModel):
         return WaitForSignalCommand(wait_id=wait_id, signal_name=signal_name)
 
     @staticmethod
-    def create_hook(hook_id: str, token: str, metadata: JSON = None) -> CreateHookCommand:
-        return CreateHookCommand(hook_id=hook_id, token=SecretStr(token), metadata=metadata)
+    def create_hook(
+        hook_id: str,
+        token: str | None = None,
+        metadata: JSON = None,
+        *,
+        token_digest: str | None = None,
+    ) -> CreateHookCommand:
+        return CreateHookCommand(
+            hook_id=hook_id,
+            token=None if token is None else SecretStr(token),
+            token_digest=token_digest,
+            metadata=metadata,
+        )
 
     @staticmethod
     def start_child_workflow(
@@ -194,12 +205,23 @@ class WaitForSignalCommand(RuntimeCommand):
 
 
 class CreateHookCommand(RuntimeCommand):
-    """Create a hook; the token is a bearer secret and is never printed."""
+    """Create a hook; the token is a bearer secret and is never printed.
+
+    Give either the ``token`` or only its SHA-256 ``token_digest`` (hex): with the digest, the
+    host keeps the secret and the workflow input never carries it.
+    """
 
     type: Literal["create_hook"] = "create_hook"
     hook_id: str = Field(min_length=1, max_length=200)
-    token: SecretStr
+    token: SecretStr | None = None
+    token_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     metadata: JSON = None
+
+    @model_validator(mode="after")
+    def _one_token(self) -> Self:
+        if (self.token is None) == (self.token_digest is None):
+            raise ValueError("create_hook needs exactly one of token or token_digest")
+        return self
 
 
 class StartChildWorkflowCommand(RuntimeCommand):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -261,8 +261,25 @@ class WorkflowContext:
     def wait_for_signal(self, wait_id: str, signal_name: str) -> WaitForSignalCommand:
         return RuntimeCommand.wait_for_signal(wait_id, signal_name)
 
-    def create_hook(self, hook_id: str, token: str, metadata: JSON = None) -> CreateHookCommand:
-        return RuntimeCommand.create_hook(hook_id, token, metadata)
+    def create_hook(
+        self,
+        hook_id: str,
+        token: str | None = None,
+        metadata: JSON = None,
+        *,
+        token_digest: str | None = None,
+    ) -> CreateHookCommand:
+        """Suspend until the hook is resumed (by run+hook id, or by its token alone)."""
+        return RuntimeCommand.create_hook(hook_id, token, metadata, token_digest=token_digest)
+
+    def wait_for(self, wait_id: str, delay: timedelta) -> WaitUntilCommand:
+        """A timer ``delay`` after the logical time at which it is first created.
+
+        Once the wait exists its durable deadline is reused, so replays agree.
+        """
+        wait = self._state.waits.get(wait_id)
+        resume_at = wait.resume_at if wait is not None else self.logical_time() + delay
+        return RuntimeCommand.wait_until(wait_id, resume_at)
 
     def child_workflow(
         self,

@@ -375,7 +375,11 @@ def _wait_for_signal(state: RunState, wait_id: str, name: str) -> Decision:
 
 def _create_hook(state: RunState, command: CreateHookCommand) -> Decision:
     hook_id = validate_identifier("hook", command.hook_id)
-    digest = token_digest(command.token.get_secret_value())
+    if command.token is not None:
+        digest = token_digest(command.token.get_secret_value())
+    else:
+        assert command.token_digest is not None
+        digest = command.token_digest
     hook = state.hooks.get(hook_id)
     if hook is None:
         return Decision(

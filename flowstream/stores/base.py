@@ -72,6 +72,11 @@ class EventStore(ABC):
         self._clock = clock
         self._lock = threading.RLock()
         self._states: dict[str, RunState] = {}
+        self._listeners: list[Callable[[list[EventEnvelope]], None]] = []
+
+    def add_listener(self, listener: Callable[[list[EventEnvelope]], None]) -> None:
+        """Call ``listener`` with every batch of envelopes right after it commits."""
+        self._listeners.append(listener)
 
     # -- the contract ----------------------------------------------------------------------
 
@@ -123,6 +128,8 @@ class EventStore(ABC):
                 self._states.pop(run_id, None)
                 raise
             self._states[run_id] = state
+            for listener in self._listeners:
+                listener(envelopes)
             return envelopes
 
     def read(self, run_id: str) -> list[EventEnvelope]:

@@ -40,9 +40,12 @@ def _from_micros(raw: bytes) -> datetime:
 
 
 def _wakeup_key(wakeup: Wakeup) -> bytes:
-    return b"w" + _micros(wakeup.due) + b"\0" + "\0".join(
-        (wakeup.run_id, wakeup.kind, wakeup.subject_id)
-    ).encode()
+    return (
+        b"w"
+        + _micros(wakeup.due)
+        + b"\0"
+        + "\0".join((wakeup.run_id, wakeup.kind, wakeup.subject_id)).encode()
+    )
 
 
 def _parse_wakeup(key: bytes) -> Wakeup:
@@ -83,7 +86,8 @@ class RocksDBEventStore(EventStore):
     # -- reads ---------------------------------------------------------------------------------
 
     def _scan(self, prefix: bytes, end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
-        for key, value in self._db.items(from_key=prefix):
+        for raw_key, value in self._db.items(from_key=prefix):
+            key = bytes(raw_key)  # type: ignore[arg-type]  # raw mode yields bytes
             if not key.startswith(prefix) or (end is not None and key > end):
                 return
             yield key, value

@@ -1,0 +1,1 @@
+"""Example workflows: the demo's order workflow, also served by ``flowstream worker``."""
