@@ -116,7 +116,7 @@ def describe(envelope: EventEnvelope) -> str:
 def _demo(args: argparse.Namespace) -> int:
     token = secrets.token_urlsafe(24)
     run_id = f"order-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
-    order = {
+    order: dict[str, Any] = {
         "order_id": run_id.removeprefix("order-"),
         "sku": "sku-8842",
         "quantity": 2,
@@ -125,7 +125,11 @@ def _demo(args: argparse.Namespace) -> int:
     }
 
     async def work(engine: FlowEngine) -> None:
-        engine.store.add_listener(lambda batch: [print(describe(e)) for e in batch])
+        def show(batch: list[EventEnvelope]) -> None:
+            for envelope in batch:
+                print(describe(envelope))
+
+        engine.store.add_listener(show)
         from flowstream.examples.order import SPEC
 
         print(f"store: {args.data}   run: {run_id}\n")

@@ -493,7 +493,8 @@ class FlowEngine:
                 invocation = WorkflowInvocation(
                     run_id, state.spec, state.input, state.history, state
                 )
-                command = await _maybe_await(self.runtime.run_workflow(invocation))
+                runtime = self._runtime_for(state.spec)
+                command = await _maybe_await(runtime.run_workflow(invocation))
                 if not isinstance(command, RuntimeCommand):
                     raise InvalidTransitionError(
                         f"run_workflow returned {type(command).__name__}, not a RuntimeCommand",
@@ -507,8 +508,9 @@ class FlowEngine:
                 if decision.events:
                     self.store.append_if_sequence(run_id, state.last_sequence, decision.events)
                 if decision.run_steps:
-                    await self._run_steps(run_id, decision.run_steps, now)
-                    continue
+                    if await self._run_steps(run_id, decision.run_steps, now):
+                        continue
+                    return self.store.state(run_id)
                 if decision.suspend:
                     return self.store.state(run_id)
             except EventConflictError:
@@ -620,8 +622,32 @@ class FlowEngine:
         except RuntimeBuildUnavailableError:
             return
 
-    async def _run_steps(self, run_id: str, step_ids: list[str], now: datetime | None) -> None:
-        """Run the decided steps concurrently, committing each outcome as it settles.
+    def _runtime_for(self, spec: WorkflowSpec) -> FlowRuntime:
+        """The runtime that replays runs of ``spec`` (one per build in the Kafka processor)."""
+        return self.runtime
+
+    async def record_step_outcome(
+        self,
+        run_id: str,
+        step_id: str,
+        attempt: int,
+        *,
+        output: JSON = None,
+        error: str | None = None,
+        retryable: bool = True,
+        now: datetime | None = None,
+    ) -> bool:
+        """Append an attempt's outcome computed elsewhere; False when it was stale (dropped)."""
+        state = self.store.state(run_id)
+        step = state.steps.get(step_id)
+        if step is None or step.status is not StepStatus.RUNNING or step.attempt != attempt:
+            return False
+        self._record_outcome(run_id, step_id, attempt, (output, error, retryable), now)
+        return True
+
+    async def _run_steps(self, run_id: str, step_ids: list[str], now: datetime | None) -> bool:
+        """Run the decided steps concurrently, committing each outcome as it settles; True to
+        keep driving.
 
         A fail-run failure stops the siblings still running; the next cycle settles them with
         ``step_cancelled`` markers before the run's terminal event.
@@ -632,7 +658,7 @@ class FlowEngine:
             step_id, attempt = calls[0]
             outcome = await self._call_step(state, step_id, attempt, in_thread=False)
             self._record_outcome(run_id, step_id, attempt, outcome, now)
-            return
+            return True
         tasks = {
             asyncio.ensure_future(self._call_step(state, step_id, attempt, in_thread=True)): (
                 step_id,
@@ -647,36 +673,18 @@ class FlowEngine:
                 for task in done:
                     step_id, attempt = tasks[task]
                     if self._record_outcome(run_id, step_id, attempt, task.result(), now):
-                        return
+                        return True
         finally:
             for task in pending:
                 task.cancel()
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
+        return True
 
     async def _call_step(
         self, state: RunState, step_id: str, attempt: int, *, in_thread: bool
     ) -> tuple[JSON, str | None, bool]:
-        step = state.steps[step_id]
-        invocation = StepInvocation(
-            run_id=state.run_id,
-            step_id=step_id,
-            step_name=step.step_name,
-            attempt=attempt,
-            input=step.input,
-            history=state.history,
-            idempotency_key=step_idempotency_key(state.run_id, step_id),
-        )
-        try:
-            if in_thread and not inspect.iscoroutinefunction(self.runtime.run_step):
-                result = await asyncio.to_thread(self.runtime.run_step, invocation)
-            else:
-                result = await _maybe_await(self.runtime.run_step(invocation))
-            return cast(JSON, result), None, True
-        except (NonRetryableError, UnknownOutcomeError) as exc:
-            return None, _error_text(exc), False
-        except Exception as exc:  # a step handler's failure is data, recorded in history
-            return None, _error_text(exc), True
+        return await call_step(self._runtime_for(state.spec), state, step_id, attempt, in_thread)
 
     def _record_outcome(
         self,
@@ -709,3 +717,29 @@ class FlowEngine:
 def _error_text(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+async def call_step(
+    runtime: FlowRuntime, state: RunState, step_id: str, attempt: int, in_thread: bool
+) -> tuple[JSON, str | None, bool]:
+    """Invoke a step handler once: (output, error text or None, retryable)."""
+    step = state.steps[step_id]
+    invocation = StepInvocation(
+        run_id=state.run_id,
+        step_id=step_id,
+        step_name=step.step_name,
+        attempt=attempt,
+        input=step.input,
+        history=state.history,
+        idempotency_key=step_idempotency_key(state.run_id, step_id),
+    )
+    try:
+        if in_thread and not inspect.iscoroutinefunction(runtime.run_step):
+            result = await asyncio.to_thread(runtime.run_step, invocation)
+        else:
+            result = await _maybe_await(runtime.run_step(invocation))
+        return cast(JSON, result), None, True
+    except (NonRetryableError, UnknownOutcomeError) as exc:
+        return None, _error_text(exc), False
+    except Exception as exc:  # a step handler's failure is data, recorded in history
+        return None, _error_text(exc), True
