@@ -311,7 +311,7 @@ class Cluster:
                 return
             if time.monotonic() >= deadline:
                 raise DevKafkaError(
-                    f"Kafka at {self.bootstrap} did not come up within {timeout:.0f} s; "
+                    f"Kafka at {self.bootstrap} did not come up within {timeout:g} s; "
                     f"see {self._log_hint()}"
                 )
             time.sleep(0.25)
