@@ -1,0 +1,188 @@
+"""Messages on the Kafka command topics, and the dead-letter record.
+
+Clients and processors put a :data:`CommandMessage` on a command topic keyed by its run id
+(``StartRun`` on ``cmd.start``, ``SendSignal`` on ``cmd.signal``, ``ResumeHook`` and
+``DisposeHook`` on ``cmd.hook``, ``CancelRun`` on ``cmd.cancel``, ``FireTimer`` and
+``ResolveChild`` on ``cmd.timer``). A record that cannot be decoded or applied becomes a
+:class:`DeadLetter` on the dead-letter topic; it is not a command and is not part of the union.
+
+A ``ResumeHook`` may carry a hook token, a bearer secret: it is a ``SecretStr``, hidden from
+``repr``, ``str`` and validation errors. Events never hold tokens, only their SHA-256 digest.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
+
+from flowstream.errors import InvalidIdentifierError
+from flowstream.model.base import JSON, FrozenModel, validate_identifier, validate_run_id
+from flowstream.model.events import ParentLink, TerminalOutcome
+from flowstream.model.spec import WorkflowSpec
+
+__all__ = [
+    "CancelRun",
+    "CommandMessage",
+    "DeadLetter",
+    "DeadLetterHeader",
+    "DisposeHook",
+    "FireTimer",
+    "ResolveChild",
+    "ResumeHook",
+    "SendSignal",
+    "StartRun",
+]
+
+
+def _run_id(value: str) -> str:
+    try:
+        return validate_run_id(value)
+    except InvalidIdentifierError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _identifier(kind: str) -> AfterValidator:
+    def check(value: str) -> str:
+        try:
+            return validate_identifier(kind, value)
+        except InvalidIdentifierError as exc:
+            raise ValueError(str(exc)) from None
+
+    return AfterValidator(check)
+
+
+RunId = Annotated[str, AfterValidator(_run_id)]
+SignalId = Annotated[str, _identifier("signal")]
+HookId = Annotated[str, _identifier("hook")]
+ChildId = Annotated[str, _identifier("child workflow")]
+SubjectId = Annotated[str, _identifier("timer subject")]
+
+
+class StartRun(FrozenModel):
+    """Start a run pinned to ``spec``; idempotent by run id.
+
+    ``parent`` and ``depth`` are set when a processor starts a child run or a continuation
+    whose partition it does not own; a client leaves them at their defaults.
+    """
+
+    type: Literal["start_run"] = "start_run"
+    run_id: RunId
+    spec: WorkflowSpec
+    input: JSON = None
+    parent: ParentLink | None = None
+    depth: int = Field(default=0, ge=0)
+
+
+class SendSignal(FrozenModel):
+    """Deliver a signal to a run; idempotent by ``signal_id``."""
+
+    type: Literal["send_signal"] = "send_signal"
+    run_id: RunId
+    signal_id: SignalId
+    name: str = Field(min_length=1)
+    payload: JSON = None
+
+
+class ResumeHook(FrozenModel):
+    """Resume a hook, addressed either by ``run_id`` and ``hook_id`` or by ``token`` alone."""
+
+    model_config = ConfigDict(hide_input_in_errors=True)
+
+    type: Literal["resume_hook"] = "resume_hook"
+    token: SecretStr | None = None
+    run_id: RunId | None = None
+    hook_id: HookId | None = Field(default=None, validate_default=True)
+    payload: JSON = None
+
+    # The address rule is a validator of the last address field, not of the model: a
+    # model-level error echoes the whole input, token included, wherever a caller validates
+    # this model inside a union or container that does not hide inputs.
+    @field_validator("hook_id", mode="after")
+    @classmethod
+    def _address(cls, hook_id: str | None, info: ValidationInfo) -> str | None:
+        if "token" not in info.data or "run_id" not in info.data:
+            return hook_id  # an earlier field failed and is reported on its own
+        token: SecretStr | None = info.data["token"]
+        run_id: str | None = info.data["run_id"]
+        if token is not None:
+            if run_id is not None or hook_id is not None:
+                raise ValueError(
+                    "address a hook by run_id and hook_id, or by token alone, not both"
+                )
+            if not token.get_secret_value():
+                raise ValueError("the hook token must not be empty")
+        elif run_id is None or hook_id is None:
+            raise ValueError("address a hook by run_id and hook_id, or by token alone")
+        return hook_id
+
+
+class DisposeHook(FrozenModel):
+    """Dispose of an open hook without a payload."""
+
+    type: Literal["dispose_hook"] = "dispose_hook"
+    run_id: RunId
+    hook_id: HookId
+
+
+class CancelRun(FrozenModel):
+    """Request cancellation; ``force`` ends the run at once without cleanup."""
+
+    type: Literal["cancel_run"] = "cancel_run"
+    run_id: RunId
+    reason: str | None = None
+    force: bool = False
+
+
+class FireTimer(FrozenModel):
+    """A due timer: a wait (``subject_id`` is the wait id) or a delayed retry (the step id)."""
+
+    type: Literal["fire_timer"] = "fire_timer"
+    run_id: RunId
+    kind: Literal["wait", "retry"]
+    subject_id: SubjectId
+    due: datetime
+
+
+class ResolveChild(FrozenModel):
+    """A child run's terminal outcome, sent to its parent ``run_id`` on the parent's partition."""
+
+    type: Literal["resolve_child"] = "resolve_child"
+    run_id: RunId
+    child_id: ChildId
+    child_run_id: RunId
+    outcome: TerminalOutcome
+
+
+CommandMessage = Annotated[
+    StartRun | SendSignal | ResumeHook | DisposeHook | CancelRun | FireTimer | ResolveChild,
+    Field(discriminator="type"),
+]
+
+
+class DeadLetterHeader(FrozenModel):
+    """One Kafka header of the dead-lettered record."""
+
+    key: str
+    value: bytes | None = Field(default=None, repr=False)
+
+
+class DeadLetter(FrozenModel):
+    """A record that could not be decoded or applied, copied with where it came from.
+
+    ``reason`` is built from flowstream error messages, which never contain hook tokens. The
+    original ``key``, ``value`` and headers are copied as they were (a dead-lettered hook
+    message may hold a token), so they are left out of ``repr`` and of validation errors.
+    """
+
+    model_config = ConfigDict(hide_input_in_errors=True)
+
+    type: Literal["dead_letter"] = "dead_letter"
+    source_topic: str = Field(min_length=1)
+    partition: int = Field(ge=0)
+    offset: int = Field(ge=0)
+    key: bytes | None = Field(default=None, repr=False)
+    reason: str
+    value: bytes | None = Field(default=None, repr=False)
+    headers: tuple[DeadLetterHeader, ...] = Field(default=(), repr=False)
