@@ -18,6 +18,7 @@ _COMMAND_MODULES = (
     "flowstream.cli.local",
     "flowstream.cli.devkafka",
     "flowstream.cli.topics",
+    "flowstream.cli.worker",
 )
 
 

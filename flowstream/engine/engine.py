@@ -135,7 +135,14 @@ class FlowEngine:
     # -- runs -----------------------------------------------------------------------------
 
     async def start(
-        self, run_id: str, spec: WorkflowSpec, input: JSON = None, *, drive: bool = True
+        self,
+        run_id: str,
+        spec: WorkflowSpec,
+        input: JSON = None,
+        *,
+        drive: bool = True,
+        parent: ParentLink | None = None,
+        depth: int = 0,
     ) -> WorkflowRunSnapshot:
         """Create ``run_id`` (idempotent for the same spec and input) and drive it."""
         validate_run_id(run_id)
@@ -149,7 +156,8 @@ class FlowEngine:
                 break
             self._admit(run_id, spec)
             try:
-                self.store.append_if_sequence(run_id, 0, [RunCreated(spec=spec, input=input)])
+                created = RunCreated(spec=spec, input=input, parent=parent, depth=depth)
+                self.store.append_if_sequence(run_id, 0, [created])
             except EventConflictError:
                 continue
             break

@@ -111,13 +111,16 @@ class RocksDBEventStore(EventStore):
         prefix = b"e" + run_id.encode() + b"\0"
         history: list[EventEnvelope] = []
         for _, value in self._scan(prefix):
-            try:
-                history.append(EventEnvelope.model_validate_json(value))
-            except ValueError as exc:
-                raise SerializationError(
-                    f"run {run_id}: stored event {len(history) + 1} does not decode: {exc}"
-                ) from exc
+            history.append(self._decode(run_id, value))
         return history or None
+
+    def _decode(self, run_id: str, raw: bytes) -> EventEnvelope:
+        try:
+            return EventEnvelope.model_validate_json(raw)
+        except ValueError as exc:
+            raise SerializationError(
+                f"run {run_id}: a stored event does not decode: {exc}"
+            ) from exc
 
     def _hook_owner(self, token_digest: str) -> tuple[str, str] | None:
         raw = self._db.get(b"h" + token_digest.encode())

@@ -1,0 +1,92 @@
+"""``flowstream worker``: run a processor (a consumer-group member) until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import Any
+
+from flowstream.cli.local import load_runtime
+from flowstream.errors import FlowError
+from flowstream.runtime import FlowRuntime
+from flowstream.settings import Settings
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "worker", help="run a Kafka stream processor for a FlowRuntime"
+    )
+    parser.add_argument("--app", help="module:attribute of the runtime for unpinned runs")
+    parser.add_argument(
+        "--build",
+        action="append",
+        default=[],
+        metavar="BUILD=module:attribute",
+        help="serve runs pinned to BUILD with this runtime (repeatable)",
+    )
+    parser.add_argument("--bootstrap", help="Kafka bootstrap servers (FLOWSTREAM_BOOTSTRAP)")
+    parser.add_argument("--group", help="consumer group (FLOWSTREAM_GROUP)")
+    parser.add_argument(
+        "--prefix", dest="topic_prefix", help="topic prefix (FLOWSTREAM_TOPIC_PREFIX)"
+    )
+    parser.add_argument("--state-dir", help="RocksDB state directory (FLOWSTREAM_STATE_DIR)")
+    parser.add_argument("--instance-id", help="stable id of this process (FLOWSTREAM_INSTANCE_ID)")
+    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    parser.add_argument("--log-level", default="INFO")
+    parser.set_defaults(handler=_worker)
+
+
+def runtimes_from(app: str | None, builds: list[str]) -> dict[str | None, FlowRuntime]:
+    runtimes: dict[str | None, FlowRuntime] = {}
+    if app:
+        runtimes[None] = load_runtime(app)
+    for item in builds:
+        build, sep, target = item.partition("=")
+        if not sep or not build or not target:
+            raise SystemExit(f"--build needs BUILD=module:attribute, got {item!r}")
+        runtimes[build] = load_runtime(target)
+    if not runtimes:
+        raise SystemExit("give --app and/or --build")
+    return runtimes
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from flowstream.processor.loop import Processor
+
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    settings = Settings.from_env(
+        bootstrap=args.bootstrap,
+        group=args.group,
+        topic_prefix=args.topic_prefix,
+        state_dir=args.state_dir,
+        instance_id=args.instance_id,
+        metrics_port=args.metrics_port,
+        app=args.app,
+    )
+    runtimes = runtimes_from(args.app if args.app or not args.build else None, args.build)
+    if args.app is None and not args.build:
+        runtimes = runtimes_from(settings.app, [])
+    processor = Processor(settings, runtimes)
+    if settings.metrics_port is not None:
+        processor.metrics.serve(settings.metrics_port)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await processor.run(stop)
+
+    try:
+        asyncio.run(main())
+    except FlowError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,1 @@
+"""The Kafka stream processor: partitions, the loop, metrics."""

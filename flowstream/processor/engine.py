@@ -1,0 +1,126 @@
+"""``PartitionEngine``: the embedded engine's replay cycle, hosted by a Kafka processor.
+
+It differs from ``FlowEngine`` only where a run touches the world outside its partition:
+
+* steps are not awaited: they are handed to the processor, which starts them after the
+  transaction holding their ``step_started`` commits and feeds their outcomes back later;
+* child runs and continuation successors may live on other partitions, so they are started by
+  producing ``StartRun`` messages, and a finished child reports to its parent with
+  ``ResolveChild``; nothing here reads or writes another partition's state;
+* several runtime builds may be served at once, one ``FlowRuntime`` per build id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import datetime
+
+from flowstream.engine.engine import FlowEngine
+from flowstream.errors import RuntimeBuildUnavailableError
+from flowstream.model.events import ChildCancellationPolicy, ParentLink
+from flowstream.model.messages import CancelRun, CommandMessage, ResolveChild, StartRun
+from flowstream.model.spec import WorkflowSpec
+from flowstream.replay.state import RunState
+from flowstream.runtime import FlowRuntime
+from flowstream.stores.base import Clock, EventStore, utc_now
+
+__all__ = ["PartitionEngine"]
+
+#: Hands decided steps to the processor: (run id, [(step id, attempt)]).
+Dispatch = Callable[[str, list[tuple[str, int]]], None]
+#: Produces a command for another run inside the open transaction.
+Emit = Callable[[CommandMessage], None]
+
+
+class PartitionEngine(FlowEngine):
+    """The replay cycle for the runs of one owned partition."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        runtimes: Mapping[str | None, FlowRuntime],
+        *,
+        dispatch: Dispatch,
+        emit: Emit,
+        clock: Clock = utc_now,
+    ) -> None:
+        if not runtimes:
+            raise ValueError("a processor needs at least one runtime")
+        super().__init__(store, next(iter(runtimes.values())), clock=clock)
+        self.runtimes = dict(runtimes)
+        self._dispatch = dispatch
+        self._emit = emit
+
+    def _admit(self, run_id: str, spec: WorkflowSpec) -> None:
+        if spec.runtime_build_id not in self.runtimes:
+            served = ",".join(sorted(b or "<unpinned>" for b in self.runtimes))
+            raise RuntimeBuildUnavailableError(run_id, spec.runtime_build_id, served)
+
+    def _runtime_for(self, spec: WorkflowSpec) -> FlowRuntime:
+        return self.runtimes[spec.runtime_build_id]
+
+    async def _run_steps(self, run_id: str, step_ids: list[str], now: datetime | None) -> bool:
+        state = self.store.state(run_id)
+        self._dispatch(run_id, [(s, state.steps[s].attempt) for s in step_ids])
+        return False
+
+    async def _leaf(self, run_id: str) -> RunState:
+        return self.store.state(run_id)
+
+    async def _drive_chain(
+        self, run_id: str, now: datetime | None, *, notify_parent: bool
+    ) -> RunState:
+        return await self._drive_one(run_id, now, notify_parent=notify_parent)
+
+    def _ensure_successor(self, state: RunState) -> None:
+        assert state.outcome is not None and state.outcome.successor_run_id is not None
+        self._emit(
+            StartRun(
+                run_id=state.outcome.successor_run_id,
+                spec=state.spec,
+                input=state.continuation_input,
+                parent=ParentLink(run_id=state.run_id, continued=True),
+                depth=state.depth,
+            )
+        )
+
+    async def _reconcile_children(self, state: RunState, now: datetime | None) -> bool:
+        """Ask for every open child's run (idempotent by run id) and pass cancellation on."""
+        cancellation = state.cancellation
+        for child_id in sorted(state.open_children, key=state._child_order):
+            child = state.children[child_id]
+            self._emit(
+                StartRun(
+                    run_id=child.run_id,
+                    spec=child.spec,
+                    input=child.input,
+                    parent=ParentLink(run_id=state.run_id, child_id=child_id),
+                    depth=state.depth + 1,
+                )
+            )
+            if (
+                cancellation is not None
+                and child.cancellation_policy is ChildCancellationPolicy.REQUEST_CANCELLATION
+                and child.requested_sequence < cancellation.sequence
+            ):
+                self._emit(CancelRun(run_id=child.run_id, reason=cancellation.reason))
+        return False
+
+    async def _after_terminal(
+        self, state: RunState, now: datetime | None, *, notify_parent: bool
+    ) -> None:
+        if state.outcome is None:
+            return
+        if state.outcome.successor_run_id is not None:
+            self._ensure_successor(state)
+            return
+        parent = state.parent
+        if parent is not None and parent.child_id is not None and not parent.continued:
+            self._emit(
+                ResolveChild(
+                    run_id=parent.run_id,
+                    child_id=parent.child_id,
+                    child_run_id=state.run_id,
+                    outcome=state.outcome,
+                )
+            )

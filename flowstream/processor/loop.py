@@ -1,0 +1,820 @@
+"""``Processor``: one member of the consumer group that owns partitions of the run-keyed topics.
+
+The loop, each iteration:
+
+1. poll the command topics (rebalance callbacks run inside the poll);
+2. restore newly assigned partitions from the events topic, in bounded slices;
+3. apply each command to its partition's ``PartitionEngine`` inside the open transaction;
+4. record step outcomes that came back, and drive their runs;
+5. fire due timers and delayed retries by producing ``FireTimer`` commands;
+6. commit (``checkpoint.commit``) when the commit interval elapsed or the batch is full.
+
+Owning partition *p* means: every command topic's partition *p* is assigned to this member.
+Partitions are restored before any decision, and every transaction carries the consumer positions
+of every active partition with the group metadata, so a member that lost a partition can never
+make an event for it visible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flowstream import codec
+from flowstream.engine.engine import call_step
+from flowstream.errors import (
+    FlowError,
+    InvalidTransitionError,
+    NonDeterministicError,
+    RunNotFoundError,
+    RuntimeBuildUnavailableError,
+    SerializationError,
+)
+from flowstream.kafka import clients
+from flowstream.model.events import ChildWorkflowResolved, EventEnvelope
+from flowstream.model.messages import (
+    CancelRun,
+    CommandMessage,
+    DeadLetter,
+    DisposeHook,
+    FireTimer,
+    ResolveChild,
+    ResumeHook,
+    SendSignal,
+    StartRun,
+)
+from flowstream.partitioning import partition_for
+from flowstream.processor.engine import PartitionEngine
+from flowstream.processor.metrics import ProcessorMetrics
+from flowstream.processor.partition import PartitionStore
+from flowstream.replay.decide import token_digest
+from flowstream.runtime import FlowRuntime
+from flowstream.settings import Settings
+from flowstream.stores.base import Clock, utc_now
+from flowstream.topology import (
+    CMD_CANCEL,
+    CMD_HOOK,
+    CMD_SIGNAL,
+    CMD_START,
+    CMD_TIMER,
+    DEADLETTER,
+    EVENTS,
+    Topology,
+    TopologyError,
+    load_topology,
+)
+
+__all__ = ["RECORD_HEADER", "Processor"]
+
+LOG = logging.getLogger("flowstream.processor")
+
+#: Header naming what a record on the events topic is: an event, or an inbox entry.
+RECORD_HEADER = "flowstream-record"
+_COMMAND_TOPIC_FOR = {
+    StartRun: CMD_START,
+    SendSignal: CMD_SIGNAL,
+    ResumeHook: CMD_HOOK,
+    DisposeHook: CMD_HOOK,
+    CancelRun: CMD_CANCEL,
+    FireTimer: CMD_TIMER,
+    ResolveChild: CMD_TIMER,
+}
+
+
+class _Park(Exception):
+    """The command cannot be applied yet; keep it in the partition's inbox."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(eq=False)
+class Owned:
+    """One owned partition number: its store, engine, positions and in-flight work."""
+
+    partition: int
+    store: PartitionStore
+    engine: PartitionEngine
+    positions: dict[str, int]
+    committed: dict[str, int]
+    restoring: bool = True
+    restore_target: int | None = None
+    restore_began: float = field(default_factory=time.monotonic)
+    events_end: int | None = None
+    fired: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    inflight: set[tuple[str, str, int]] = field(default_factory=set)
+    outbox: list[tuple[str, str, int]] = field(default_factory=list)
+
+
+class Processor:
+    """A consumer-group member that drives the runs of the partitions it owns."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        runtimes: Mapping[str | None, FlowRuntime],
+        *,
+        topology: Topology | None = None,
+        clock: Clock = utc_now,
+        metrics: ProcessorMetrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.runtimes = dict(runtimes)
+        self.topology = topology or load_topology()
+        self.clock = clock
+        self.metrics = metrics or ProcessorMetrics()
+        prefix = settings.topic_prefix
+        self.topics = self.topology.names(prefix)
+        self.command_topics = [
+            self.topics[s] for s in (CMD_START, CMD_SIGNAL, CMD_HOOK, CMD_CANCEL, CMD_TIMER)
+        ]
+        self.partitions = self.topology.run_partitions
+        self.state_dir = Path(settings.state_dir) / settings.group
+        self._owned: dict[int, Owned] = {}
+        self._results: deque[tuple[Owned, str, str, int, tuple[Any, str | None, bool]]] = deque()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._step_slots = asyncio.Semaphore(settings.step_concurrency)
+        self._txn_open = False
+        self._txn_began = 0.0
+        self._txn_commands = 0
+        self._delivery_error: Any = None
+        self._events_end: dict[int, int] = {}
+        self._fatal: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.ready = asyncio.Event()
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        s = self.settings
+        admin = clients.new_admin(s.bootstrap)
+        self._verify_topics(admin)
+        self.producer = clients.new_transactional_producer(
+            s.bootstrap,
+            f"{s.group}-{s.instance_id}",
+            {
+                "transaction.timeout.ms": s.transaction_timeout_ms,
+                "linger.ms": 1,
+                "on_delivery": self._delivered,
+            },
+        )
+        self.producer.init_transactions(30)
+        self.consumer = clients.new_consumer(
+            s.bootstrap,
+            s.group,
+            {
+                "session.timeout.ms": s.session_timeout_ms,
+                "max.poll.interval.ms": s.max_poll_interval_ms,
+                "heartbeat.interval.ms": max(500, s.session_timeout_ms // 5),
+            },
+        )
+        self.restorer = clients.new_consumer(s.bootstrap, f"{s.group}-restore-unused")
+        self.watermarks = clients.new_consumer(
+            s.bootstrap, f"{s.group}-watermarks-unused", {"isolation.level": "read_uncommitted"}
+        )
+        self.consumer.subscribe(
+            self.command_topics,
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+
+    def _verify_topics(self, admin: Any) -> None:
+        metadata = admin.list_topics(timeout=15)
+        counts = {name: len(t.partitions) for name, t in metadata.topics.items()}
+        problems = []
+        for suffix, name in self.topics.items():
+            if name not in counts:
+                problems.append(f"topic {name} is missing")
+            elif suffix != DEADLETTER and counts[name] != self.partitions:
+                problems.append(
+                    f"topic {name} has {counts[name]} partitions, expected {self.partitions}"
+                )
+        if problems:
+            raise TopologyError(
+                "; ".join(problems) + " (run `flowstream topics apply` with this prefix)"
+            )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Process until ``stop`` is set; commits what is open and leaves the group cleanly."""
+        self._loop = asyncio.get_running_loop()
+        self._connect()
+        try:
+            while not stop.is_set():
+                await self._iteration()
+            self._commit()
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            with contextlib.suppress(Exception):
+                self.consumer.close()
+            for owned in list(self._owned.values()):
+                owned.store.close()
+            self._owned.clear()
+            self.restorer.close()
+            self.watermarks.close()
+            self.producer.flush(5)
+
+    # -- the loop -------------------------------------------------------------------------
+
+    async def _iteration(self) -> None:
+        busy = bool(self._results or self._tasks or self._txn_open)
+        restoring = any(o.restoring for o in self._owned.values())
+        timeout = 0.0 if (busy or restoring) else 0.05
+        assert self._loop is not None
+        messages = await self._loop.run_in_executor(
+            None, lambda: self.consumer.consume(num_messages=500, timeout=timeout)
+        )
+        if self._fatal is not None:
+            raise self._fatal
+        self.metrics.owned_partitions.set(sum(not o.restoring for o in self._owned.values()))
+        if restoring:
+            await self._restore_slice()
+        for message in messages:
+            await self._command(message)
+        while self._results:
+            await self._step_result(*self._results.popleft())
+        self._fire_timers()
+        if self._txn_open and (
+            time.monotonic() - self._txn_began >= self.settings.commit_interval_ms / 1000
+            or self._txn_commands >= self.settings.max_commands_per_transaction
+        ):
+            self._commit()
+        if busy and not messages:
+            await asyncio.sleep(0.001)
+
+    # -- transactions ---------------------------------------------------------------------
+
+    def _begin(self) -> None:
+        if not self._txn_open:
+            self.producer.begin_transaction()
+            self._txn_open = True
+            self._txn_began = time.monotonic()
+            self._txn_commands = 0
+            self._delivery_error = None
+            self._events_end.clear()
+
+    def _delivered(self, err: Any, message: Any) -> None:
+        if err is not None:
+            self._delivery_error = err
+        elif message.topic() == self.topics[EVENTS]:
+            end = message.offset() + 1
+            partition = message.partition()
+            self._events_end[partition] = max(self._events_end.get(partition, 0), end)
+
+    def _commit(self, *, start_steps: bool = True) -> None:
+        """Commit the open transaction (checkpoint steps in order), or abort it.
+
+        1. flush the producer: every event and command of the transaction is acknowledged;
+        2. send the positions of *every* active partition with the group metadata read now, so
+           the broker fences this commit if the member lost its generation;
+        3. commit the transaction;
+        4. write each partition's staged RocksDB batch with the events offset it reflects;
+        5. start the steps whose ``step_started`` events just became durable.
+        """
+        if not self._txn_open:
+            return
+        began = time.monotonic()
+        active = [o for o in self._owned.values() if not o.restoring]
+        offsets = [
+            clients.TopicPartition(topic, owned.partition, position)
+            for owned in active
+            for topic, position in owned.positions.items()
+            if position >= 0
+        ]
+        try:
+            remaining = self.producer.flush(30)
+            if remaining or self._delivery_error is not None:
+                raise _Abort(f"delivery failed: {self._delivery_error or remaining}")
+            if not offsets:
+                raise _Abort("no valid consumer positions to gate the transaction")
+            self.producer.send_offsets_to_transaction(
+                offsets, self.consumer.consumer_group_metadata(), 30
+            )
+            self.producer.commit_transaction(30)
+        except (clients.KafkaException, _Abort) as exc:
+            self._abort(str(exc))
+            if isinstance(exc, clients.KafkaException) and exc.args[0].fatal():
+                raise
+            return
+        self._txn_open = False
+        for owned in active:
+            end = self._events_end.get(owned.partition)
+            if owned.store.has_staged or end is not None:
+                owned.store.commit_local(end)
+            owned.committed = dict(owned.positions)
+            for item in owned.outbox if start_steps else ():
+                if item not in owned.inflight:
+                    owned.inflight.add(item)
+                    self._start_step(owned, *item)
+            owned.outbox.clear()
+        self.metrics.transaction_seconds.observe(time.monotonic() - began)
+
+    def _abort(self, reason: str) -> None:
+        LOG.warning("aborting transaction: %s", reason)
+        self.metrics.aborts.inc()
+        with contextlib.suppress(clients.KafkaException):
+            self.producer.abort_transaction(30)
+        self._txn_open = False
+        for owned in self._owned.values():
+            owned.store.discard()
+            owned.outbox.clear()
+            owned.fired.clear()
+            owned.positions = dict(owned.committed)
+            if not owned.restoring:
+                for topic, position in owned.positions.items():
+                    if position >= 0:
+                        with contextlib.suppress(clients.KafkaException):
+                            self.consumer.seek(
+                                clients.TopicPartition(topic, owned.partition, position)
+                            )
+
+    def _produce(
+        self, topic: str, partition: int, key: str, value: bytes, headers: Any = None
+    ) -> None:
+        self._begin()
+        while True:
+            try:
+                self.producer.produce(
+                    topic, value=value, key=key.encode(), partition=partition, headers=headers
+                )
+                return
+            except BufferError:
+                self.producer.poll(0.05)
+
+    # -- rebalance ------------------------------------------------------------------------
+
+    def _on_assign(self, consumer: Any, assigned: list[Any]) -> None:
+        try:
+            if not assigned:
+                return
+            consumer.assign(assigned)
+            consumer.pause(assigned)
+            committed = consumer.committed(assigned, timeout=30)
+            by_partition: dict[int, dict[str, int]] = {}
+            for tp in committed:
+                position = tp.offset
+                if position < 0:
+                    low, _ = self.watermarks.get_watermark_offsets(
+                        clients.TopicPartition(tp.topic, tp.partition), timeout=10
+                    )
+                    position = low
+                by_partition.setdefault(tp.partition, {})[tp.topic] = position
+            for partition, positions in by_partition.items():
+                if set(positions) != set(self.command_topics):
+                    raise TopologyError(
+                        f"partition {partition} was assigned for only some command topics; "
+                        "use the range assignor with equal partition counts"
+                    )
+                self._own(partition, positions)
+        except BaseException as exc:  # surfaced by the loop; callbacks must not raise
+            self._fatal = exc
+
+    def _own(self, partition: int, positions: dict[str, int]) -> None:
+        path = self.state_dir / f"p{partition:04d}"
+        holder: dict[str, Owned] = {}
+
+        def sink(run_id: str, envelopes: list[EventEnvelope], encoded: list[bytes]) -> None:
+            for data in encoded:
+                self._produce(
+                    self.topics[EVENTS], partition, run_id, data, [(RECORD_HEADER, b"event")]
+                )
+            self.metrics.events_appended.inc(len(envelopes))
+
+        store = PartitionStore(partition, path, sink, clock=self.clock)
+        engine = PartitionEngine(
+            store,
+            self.runtimes,
+            dispatch=lambda run_id, steps: self._dispatch(holder["owned"], run_id, steps),
+            emit=self._emit,
+            clock=self.clock,
+        )
+        owned = Owned(partition, store, engine, dict(positions), dict(positions))
+        holder["owned"] = owned
+        self._owned[partition] = owned
+
+    def _on_revoke(self, consumer: Any, revoked: list[Any]) -> None:
+        try:
+            self._commit(start_steps=False)
+        except BaseException as exc:
+            self._fatal = exc
+        self._drop({tp.partition for tp in revoked})
+
+    def _on_lost(self, consumer: Any, lost: list[Any]) -> None:
+        if self._txn_open:
+            self._abort("partitions lost")
+        self._drop({tp.partition for tp in lost})
+
+    def _drop(self, partitions: set[int]) -> None:
+        for partition in partitions:
+            owned = self._owned.pop(partition, None)
+            if owned is not None:
+                owned.store.discard()
+                owned.store.close()
+
+    # -- restore --------------------------------------------------------------------------
+
+    async def _restore_slice(self) -> None:
+        owned = next(o for o in self._owned.values() if o.restoring)
+        events = self.topics[EVENTS]
+        tp = clients.TopicPartition(events, owned.partition)
+        if owned.restore_target is None:
+            _, high = self.watermarks.get_watermark_offsets(tp, timeout=10, cached=False)
+            owned.restore_target = high
+            start = owned.store.events_offset
+            self.restorer.assign([clients.TopicPartition(events, owned.partition, start)])
+            owned.events_end = start
+        position = owned.events_end or 0
+        if position < owned.restore_target:
+            messages = self.restorer.consume(num_messages=2000, timeout=0.05)
+            for message in messages:
+                if message.error() is not None:
+                    continue
+                self._restore_record(owned, message)
+                position = int(message.offset() or 0) + 1
+            reported = self.restorer.position([tp])[0].offset
+            position = max(position, reported)
+            owned.events_end = position
+            owned.store.commit_local(position)
+        if position >= owned.restore_target:
+            await self._activate(owned)
+
+    def _restore_record(self, owned: Owned, message: Any) -> None:
+        kind = dict(message.headers() or ()).get(RECORD_HEADER, b"event")
+        value = message.value()
+        if kind == b"event":
+            owned.store.restore_event(value)
+        elif kind == b"inbox":
+            run_id, inbox_id, raw = _split_inbox(value)
+            owned.store.park(run_id, inbox_id, raw)
+        elif kind == b"inbox-done":
+            run_id, inbox_id, _ = _split_inbox(value)
+            owned.store.unpark(run_id, inbox_id)
+
+    async def _activate(self, owned: Owned) -> None:
+        """Restored: resume the command partitions, re-run unsettled steps, retry the inbox."""
+        owned.restoring = False
+        self.metrics.restore_seconds.observe(time.monotonic() - owned.restore_began)
+        self.consumer.resume(
+            [clients.TopicPartition(topic, owned.partition) for topic in self.command_topics]
+        )
+        self._begin()
+        for run_id in owned.store.running_runs():
+            await self._guard(owned, run_id, owned.engine.drive(run_id))
+        await self._drain(owned, None)
+        if not self.ready.is_set() and not any(o.restoring for o in self._owned.values()):
+            self.ready.set()
+
+    async def _guard(self, owned: Owned, run_id: str, work: Any) -> None:
+        """Run engine work for one run; a failure is logged and counted, never fatal."""
+        try:
+            await work
+        except NonDeterministicError as exc:
+            self.metrics.nondeterminism.inc()
+            LOG.error("%s", exc)
+        except FlowError as exc:
+            LOG.warning("run %s: %s", run_id, exc)
+
+    # -- commands -------------------------------------------------------------------------
+
+    async def _command(self, message: Any) -> None:
+        if message.error() is not None:
+            if message.error().fatal():
+                raise clients.KafkaException(message.error())
+            return
+        partition = message.partition()
+        owned = self._owned.get(partition)
+        if owned is None or owned.restoring:
+            return
+        topic = message.topic()
+        began = time.perf_counter()
+        self._begin()
+        self._txn_commands += 1
+        owned.positions[topic] = message.offset() + 1
+        raw = message.value() or b""
+        inbox_id = f"{topic}:{partition}:{message.offset()}"
+        outcome = "applied"
+        try:
+            if len(raw) > self.settings.max_message_bytes:
+                raise SerializationError(
+                    f"message of {len(raw)} bytes exceeds {self.settings.max_message_bytes}"
+                )
+            command = codec.decode_command(raw)
+            run_id = self._target_run(command)
+            if partition_for(run_id, self.partitions) != partition:
+                raise InvalidTransitionError(
+                    f"run {run_id} belongs to partition {partition_for(run_id, self.partitions)},"
+                    f" not {partition}"
+                )
+            try:
+                await self._apply(owned, command)
+            except _Park as park:
+                self._park(owned, run_id, inbox_id, raw)
+                outcome = f"parked: {park.reason}"
+            else:
+                await self._drain(owned, run_id)
+        except NonDeterministicError as exc:
+            self.metrics.nondeterminism.inc()
+            outcome = "deadletter"
+            self._dead_letter(message, str(exc))
+        except (FlowError, ValueError) as exc:
+            outcome = "deadletter"
+            self._dead_letter(message, str(exc))
+        except Exception as exc:  # workflow or step code raised: report, keep processing
+            outcome = "deadletter"
+            self._dead_letter(message, f"runtime code raised {type(exc).__name__}: {exc}")
+        self.metrics.commands.labels(topic=topic, outcome=outcome.split(":")[0]).inc()
+        self.metrics.decision_seconds.observe(time.perf_counter() - began)
+
+    def _target_run(self, command: CommandMessage) -> str:
+        if isinstance(command, ResumeHook) and command.run_id is None:
+            raise InvalidTransitionError(
+                "resuming a hook by token alone needs the token index, which this processor "
+                "does not serve yet; address the hook by run_id and hook_id"
+            )
+        run_id = command.run_id
+        assert run_id is not None
+        return run_id
+
+    async def _apply(self, owned: Owned, command: CommandMessage) -> None:
+        """Apply one decoded command; raises ``_Park`` when it has to wait."""
+        engine = owned.engine
+        store = owned.store
+        try:
+            match command:
+                case StartRun():
+                    await engine.start(
+                        command.run_id,
+                        command.spec,
+                        command.input,
+                        parent=command.parent,
+                        depth=command.depth,
+                    )
+                case SendSignal():
+                    if not store.exists(command.run_id):
+                        raise _Park("run does not exist yet")
+                    await engine.send_signal(
+                        command.run_id, command.signal_id, command.name, command.payload
+                    )
+                case ResumeHook():
+                    await self._resume_hook(owned, command)
+                case DisposeHook():
+                    if not store.exists(command.run_id):
+                        raise _Park("run does not exist yet")
+                    await engine.dispose_hook(command.run_id, command.hook_id)
+                case CancelRun():
+                    if command.force:
+                        await engine.force_cancel(command.run_id, command.reason)
+                    else:
+                        await engine.request_cancellation(command.run_id, command.reason)
+                case FireTimer():
+                    owned.fired.pop((command.run_id, command.kind, command.subject_id), None)
+                    if not store.exists(command.run_id):
+                        return
+                    now = max(self.clock(), command.due)
+                    if command.kind == "wait":
+                        await engine.resume_wait(command.run_id, command.subject_id, now=now)
+                    else:
+                        await engine.drive(command.run_id, now=now)
+                case ResolveChild():
+                    await self._resolve_child(owned, command)
+        except RuntimeBuildUnavailableError as exc:
+            self.metrics.parked_for_build.inc()
+            raise _Park(str(exc)) from exc
+
+    async def _resume_hook(self, owned: Owned, command: ResumeHook) -> None:
+        assert command.run_id is not None and command.hook_id is not None
+        if not owned.store.exists(command.run_id):
+            raise _Park("run does not exist yet")
+        state = owned.store.state(command.run_id)
+        hook = state.hooks.get(command.hook_id)
+        if hook is None and not state.is_terminal:
+            raise _Park(f"hook {command.hook_id} does not exist yet")
+        presented = None if command.token is None else command.token.get_secret_value()
+        if (
+            hook is not None
+            and presented is not None
+            and not hmac.compare_digest(hook.token_digest, token_digest(presented))
+        ):
+            raise InvalidTransitionError(
+                f"the presented token does not match hook {command.hook_id}",
+                run_id=command.run_id,
+            )
+        await owned.engine.resume_hook(command.run_id, command.hook_id, command.payload)
+
+    async def _resolve_child(self, owned: Owned, command: ResolveChild) -> None:
+        if not owned.store.exists(command.run_id):
+            raise RunNotFoundError(command.run_id)
+        state = owned.store.state(command.run_id)
+        child = state.children.get(command.child_id)
+        if child is None or child.run_id != command.child_run_id:
+            raise InvalidTransitionError(
+                f"run {command.run_id} has no child {command.child_id} with run "
+                f"{command.child_run_id}"
+            )
+        if child.outcome is None and not state.is_terminal:
+            owned.store.append_if_sequence(
+                state.run_id,
+                state.last_sequence,
+                [ChildWorkflowResolved(child_id=command.child_id, outcome=command.outcome)],
+            )
+        await owned.engine.drive(command.run_id)
+
+    def _emit(self, command: CommandMessage) -> None:
+        topic = self.topics[_COMMAND_TOPIC_FOR[type(command)]]
+        run_id = command.run_id
+        assert run_id is not None
+        self._produce(
+            topic, partition_for(run_id, self.partitions), run_id, codec.encode_message(command)
+        )
+
+    # -- the inbox ------------------------------------------------------------------------
+
+    def _park(self, owned: Owned, run_id: str, inbox_id: str, raw: bytes) -> None:
+        owned.store.park(run_id, inbox_id, raw)
+        value = _join_inbox(run_id, inbox_id, raw)
+        self._produce(
+            self.topics[EVENTS], owned.partition, run_id, value, [(RECORD_HEADER, b"inbox")]
+        )
+
+    async def _drain(self, owned: Owned, run_id: str | None) -> None:
+        """Retry parked commands (of one run, or all); each applies once, then leaves the inbox."""
+        for parked_run, inbox_id, raw in list(owned.store.parked(run_id)):
+            reason = None
+            try:
+                await self._apply(owned, codec.decode_command(raw))
+            except _Park:
+                continue
+            except FlowError as exc:
+                reason = str(exc)
+            owned.store.unpark(parked_run, inbox_id)
+            self._produce(
+                self.topics[EVENTS],
+                owned.partition,
+                parked_run,
+                _join_inbox(parked_run, inbox_id, b""),
+                [(RECORD_HEADER, b"inbox-done")],
+            )
+            if reason is not None:
+                self._produce_dead_letter(
+                    owned.partition,
+                    parked_run.encode(),
+                    raw,
+                    f"parked command failed: {reason}",
+                    source=inbox_id,
+                )
+
+    # -- dead letters ---------------------------------------------------------------------
+
+    def _dead_letter(self, message: Any, reason: str) -> None:
+        self.metrics.dead_letters.inc()
+        LOG.warning(
+            "dead-lettered %s[%d]@%d: %s",
+            message.topic(),
+            message.partition(),
+            message.offset(),
+            reason,
+        )
+        record = DeadLetter(
+            source_topic=message.topic(),
+            partition=message.partition(),
+            offset=message.offset(),
+            key=message.key(),
+            reason=reason,
+            value=message.value(),
+        )
+        self._produce(
+            self.topics[DEADLETTER],
+            message.partition() % self.topology.topic(DEADLETTER).partitions,
+            (message.key() or b"").decode(errors="replace"),
+            codec.encode_message(record),
+        )
+
+    def _produce_dead_letter(
+        self, partition: int, key: bytes, raw: bytes, reason: str, *, source: str
+    ) -> None:
+        self.metrics.dead_letters.inc()
+        topic, _, rest = source.rpartition(":")
+        topic, _, part = topic.rpartition(":")
+        record = DeadLetter(
+            source_topic=topic or source,
+            partition=int(part) if part.isdigit() else partition,
+            offset=int(rest) if rest.isdigit() else 0,
+            key=key,
+            reason=reason,
+            value=raw,
+        )
+        self._produce(
+            self.topics[DEADLETTER],
+            partition % self.topology.topic(DEADLETTER).partitions,
+            key.decode(errors="replace"),
+            codec.encode_message(record),
+        )
+
+    # -- steps ----------------------------------------------------------------------------
+
+    def _dispatch(self, owned: Owned, run_id: str, steps: list[tuple[str, int]]) -> None:
+        for step_id, attempt in steps:
+            item = (run_id, step_id, attempt)
+            if item not in owned.inflight and item not in owned.outbox:
+                owned.outbox.append(item)
+
+    def _start_step(self, owned: Owned, run_id: str, step_id: str, attempt: int) -> None:
+        task = asyncio.ensure_future(self._run_step(owned, run_id, step_id, attempt))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_step(self, owned: Owned, run_id: str, step_id: str, attempt: int) -> None:
+        async with self._step_slots:
+            if self._owned.get(owned.partition) is not owned:
+                return
+            try:
+                state = owned.store.state(run_id)
+            except Exception:  # the partition was revoked and its store closed meanwhile
+                if self._owned.get(owned.partition) is owned:
+                    raise
+                return
+            runtime = owned.engine.runtimes[state.spec.runtime_build_id]
+            in_thread = not self.settings.inline_sync_steps
+            outcome = await call_step(runtime, state, step_id, attempt, in_thread)
+        self._results.append((owned, run_id, step_id, attempt, outcome))
+
+    async def _step_result(
+        self,
+        owned: Owned,
+        run_id: str,
+        step_id: str,
+        attempt: int,
+        outcome: tuple[Any, str | None, bool],
+    ) -> None:
+        owned.inflight.discard((run_id, step_id, attempt))
+        if self._owned.get(owned.partition) is not owned:
+            self.metrics.step_attempts.labels(outcome="dropped").inc()
+            return
+        output, error, retryable = outcome
+        label = "completed" if error is None else ("retryable" if retryable else "non_retryable")
+        self.metrics.step_attempts.labels(outcome=label).inc()
+        self._begin()
+        began = time.perf_counter()
+
+        async def work() -> None:
+            recorded = await owned.engine.record_step_outcome(
+                run_id, step_id, attempt, output=output, error=error, retryable=retryable
+            )
+            if recorded:
+                await owned.engine.drive(run_id)
+
+        await self._guard(owned, run_id, work())
+        self.metrics.decision_seconds.observe(time.perf_counter() - began)
+
+    # -- timers ---------------------------------------------------------------------------
+
+    def _fire_timers(self) -> None:
+        now = self.clock()
+        wall = time.monotonic()
+        refire = self.settings.timer_refire_ms / 1000
+        for owned in self._owned.values():
+            if owned.restoring:
+                continue
+            first = owned.store.next_wakeup()
+            if first is None or first.due > now:
+                continue
+            for wakeup in owned.store.due_wakeups(now):
+                key = (wakeup.run_id, wakeup.kind, wakeup.subject_id)
+                fired_at = owned.fired.get(key)
+                if fired_at is not None and wall - fired_at < refire:
+                    continue
+                owned.fired[key] = wall
+                self.metrics.timer_lag_seconds.observe((now - wakeup.due).total_seconds())
+                kind = "wait" if wakeup.kind == "wait" else "retry"
+                fire = FireTimer(
+                    run_id=wakeup.run_id, kind=kind, subject_id=wakeup.subject_id, due=wakeup.due
+                )
+                self._produce(
+                    self.topics[CMD_TIMER],
+                    owned.partition,
+                    wakeup.run_id,
+                    codec.encode_message(fire),
+                )
+
+
+class _Abort(Exception):
+    """The open transaction cannot commit and must be aborted."""
+
+
+def _join_inbox(run_id: str, inbox_id: str, raw: bytes) -> bytes:
+    return run_id.encode() + b"\0" + inbox_id.encode() + b"\0" + raw
+
+
+def _split_inbox(value: bytes) -> tuple[str, str, bytes]:
+    run_id, inbox_id, raw = value.split(b"\0", 2)
+    return run_id.decode(), inbox_id.decode(), raw

@@ -1,0 +1,213 @@
+"""``PartitionStore``: the RocksDB state of one owned partition, a cache of its events partition.
+
+The owner is the sequence authority for every run of the partition: ``append_if_sequence`` is
+checked against this state. Appends are *staged*: the envelopes go to the open Kafka transaction
+(through ``sink``) and into a pending ``WriteBatch``; RocksDB is written only after the
+transaction commits, in one batch with the events offset it reflects (``commit_local``). An abort
+throws the staged batch and every cached run it touched away (``discard``).
+
+Extra keys beside the ``RocksDBEventStore`` layout:
+
+``m/events_offset``               next events-topic offset to restore from (8 BE)
+``x<run_id>``                      the run has a step started but not settled
+``i<run_id>\\0<inbox id>``         a command parked until its run exists or its build is served
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from rocksdict import WriteBatch
+
+from flowstream import codec
+from flowstream.errors import PayloadTooLargeError, SerializationError
+from flowstream.model.events import EventEnvelope, HookCreated
+from flowstream.model.snapshot import StepStatus
+from flowstream.replay.state import RunState
+from flowstream.stores.base import MAX_EVENT_BYTES, Clock, IndexChanges, utc_now
+from flowstream.stores.rocksdb import RocksDBEventStore, _wakeup_key
+
+__all__ = ["PartitionStore"]
+
+_OFFSET_KEY = b"m/events_offset"
+
+#: Receives each staged append: (run id, envelopes, encoded envelopes).
+Sink = Callable[[str, list[EventEnvelope], list[bytes]], None]
+
+
+def _has_running_step(state: RunState) -> bool:
+    return not state.is_terminal and any(
+        state.steps[s].status is StepStatus.RUNNING for s in state.active_steps
+    )
+
+
+class PartitionStore(RocksDBEventStore):
+    """State of partition ``partition``; appends are staged for the open transaction."""
+
+    def __init__(
+        self, partition: int, path: str | Path, sink: Sink, *, clock: Clock = utc_now
+    ) -> None:
+        super().__init__(path, clock=clock, sync=False)
+        self.partition = partition
+        self._sink = sink
+        self._batch: WriteBatch | None = None
+        self._staged_runs: set[str] = set()
+        self._staged_hooks: dict[str, tuple[str, str]] = {}
+        self._staged_inbox: dict[bytes, bytes | None] = {}
+
+    # -- encoding: Avro single-object, the same bytes as on the events topic --------------------
+
+    def _encode(self, envelope: EventEnvelope) -> bytes:
+        data = codec.encode_event(envelope)
+        if len(data) > MAX_EVENT_BYTES:
+            raise PayloadTooLargeError(envelope.run_id, len(data), MAX_EVENT_BYTES)
+        return data
+
+    def _decode(self, run_id: str, raw: bytes) -> EventEnvelope:
+        return codec.decode_event(raw)
+
+    # -- staging ----------------------------------------------------------------------------
+
+    @property
+    def has_staged(self) -> bool:
+        return self._batch is not None
+
+    def _stage(self) -> WriteBatch:
+        if self._batch is None:
+            self._batch = WriteBatch(raw_mode=True)
+        return self._batch
+
+    def _persist(
+        self,
+        run_id: str,
+        envelopes: list[EventEnvelope],
+        encoded: list[bytes],
+        changes: IndexChanges,
+    ) -> None:
+        self._sink(run_id, envelopes, encoded)
+        self._stage_write(run_id, envelopes, encoded, changes)
+
+    def _stage_write(
+        self,
+        run_id: str,
+        envelopes: list[EventEnvelope],
+        encoded: list[bytes],
+        changes: IndexChanges,
+    ) -> None:
+        batch = self._stage()
+        run_key = run_id.encode()
+        for envelope, data in zip(envelopes, encoded, strict=True):
+            batch.put(b"e" + run_key + b"\0" + envelope.sequence.to_bytes(8, "big"), data)
+        batch.put(b"r" + run_key, envelopes[-1].sequence.to_bytes(8, "big"))
+        for wakeup in changes.removed_wakeups:
+            batch.delete(_wakeup_key(wakeup))
+        for wakeup in changes.added_wakeups:
+            batch.put(_wakeup_key(wakeup), b"")
+        for digest, owner_run, hook_id in changes.claimed_hooks:
+            batch.put(b"h" + digest.encode(), f"{owner_run}\0{hook_id}".encode())
+            self._staged_hooks[digest] = (owner_run, hook_id)
+        self._staged_runs.add(run_id)
+        state = self._states.get(run_id)
+        if state is not None and _has_running_step(state):
+            batch.put(b"x" + run_key, b"")
+        else:
+            batch.delete(b"x" + run_key)
+
+    def commit_local(self, events_offset: int | None) -> None:
+        """After the transaction committed: write the staged batch with the events offset."""
+        batch = self._stage()
+        if events_offset is not None:
+            batch.put(_OFFSET_KEY, events_offset.to_bytes(8, "big"))
+        self._db.write(batch, self._write_options)
+        self._batch = None
+        self._staged_runs.clear()
+        self._staged_hooks.clear()
+        self._staged_inbox.clear()
+
+    def discard(self) -> None:
+        """After an abort: forget staged writes and every run state they touched."""
+        self._batch = None
+        for run_id in self._staged_runs:
+            self._states.pop(run_id, None)
+        self._staged_runs.clear()
+        self._staged_hooks.clear()
+        self._staged_inbox.clear()
+
+    def _hook_owner(self, token_digest: str) -> tuple[str, str] | None:
+        staged = self._staged_hooks.get(token_digest)
+        return staged if staged is not None else super()._hook_owner(token_digest)
+
+    def _remember(self, run_id: str, state: RunState) -> None:
+        if len(self._states) >= self._cache_runs:
+            for candidate in list(self._states)[: len(self._states) // 10 + 1]:
+                if candidate not in self._staged_runs:
+                    self._states.pop(candidate)
+        self._states[run_id] = state
+
+    # -- restore ----------------------------------------------------------------------------
+
+    @property
+    def events_offset(self) -> int:
+        raw = self._db.get(_OFFSET_KEY)
+        return 0 if raw is None else int.from_bytes(bytes(raw), "big")
+
+    def restore_event(self, raw: bytes) -> bool:
+        """Apply one committed event read back from the events topic; False if already held."""
+        try:
+            envelope = codec.decode_event(raw)
+        except SerializationError:
+            raise
+        state = self._state_or_none(envelope.run_id)
+        if state is not None and envelope.sequence <= state.last_sequence:
+            return False
+        changes = IndexChanges()
+        before = [] if state is None else state.wakeups()
+        if state is None:
+            state = RunState.first(envelope)
+            self._remember(envelope.run_id, state)
+        else:
+            state.apply(envelope)
+        if isinstance(envelope.event, HookCreated):
+            changes.claimed_hooks.append(
+                (envelope.event.token_digest, envelope.run_id, envelope.event.hook_id)
+            )
+        after = state.wakeups()
+        changes.removed_wakeups = [w for w in before if w not in after]
+        changes.added_wakeups = [w for w in after if w not in before]
+        self._stage_write(envelope.run_id, [envelope], [raw], changes)
+        return True
+
+    # -- inbox: commands parked until their run exists or their build is served ---------------
+
+    def park(self, run_id: str, inbox_id: str, raw_command: bytes) -> None:
+        key = b"i" + run_id.encode() + b"\0" + inbox_id.encode()
+        self._stage().put(key, raw_command)
+        self._staged_inbox[key] = raw_command
+
+    def unpark(self, run_id: str, inbox_id: str) -> None:
+        key = b"i" + run_id.encode() + b"\0" + inbox_id.encode()
+        self._stage().delete(key)
+        self._staged_inbox[key] = None
+
+    def parked(self, run_id: str | None = None) -> Iterator[tuple[str, str, bytes]]:
+        """Parked commands (run id, inbox id, bytes), of one run or the whole partition."""
+        prefix = b"i" if run_id is None else b"i" + run_id.encode() + b"\0"
+        seen: set[bytes] = set()
+        for key, value in list(self._scan(prefix)):
+            seen.add(key)
+            staged: bytes | None = self._staged_inbox.get(key, value)
+            if staged is not None:
+                yield (*_inbox_parts(key), staged)
+        for key, pending in list(self._staged_inbox.items()):
+            if key not in seen and pending is not None and key.startswith(prefix):
+                yield (*_inbox_parts(key), pending)
+
+    def running_runs(self) -> list[str]:
+        """Runs with a started, unsettled step: their attempts are re-run after a takeover."""
+        return [key[1:].decode() for key, _ in self._scan(b"x")]
+
+
+def _inbox_parts(key: bytes) -> tuple[str, str]:
+    run_id, inbox_id = key[1:].decode().split("\0", 1)
+    return run_id, inbox_id

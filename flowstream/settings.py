@@ -1,0 +1,56 @@
+"""``Settings``: the one frozen configuration object, read once at the entry point.
+
+Every field can come from an environment variable ``FLOWSTREAM_<FIELD>`` (upper case); command-line
+options override the environment. The object is passed down; nothing else reads the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import Field
+
+from flowstream.model.base import FrozenModel
+
+__all__ = ["Settings"]
+
+
+class Settings(FrozenModel):
+    """Processor and client settings."""
+
+    bootstrap: str = "127.0.0.1:19092"
+    topic_prefix: str = "flowstream"
+    group: str = "flowstream-processors"
+    instance_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    state_dir: str = "flowstream-state"
+    app: str = "flowstream.examples.order:runtime"
+    #: Longest time events wait in an open transaction before it commits.
+    commit_interval_ms: int = Field(default=20, ge=1)
+    #: Commit early once this many commands were applied in the open transaction.
+    max_commands_per_transaction: int = Field(default=500, ge=1)
+    #: Steps running at once in this processor.
+    step_concurrency: int = Field(default=64, ge=1)
+    #: Run synchronous step handlers on the loop thread (fast, blocks decisions while running).
+    inline_sync_steps: bool = False
+    transaction_timeout_ms: int = Field(default=10_000, ge=1000)
+    session_timeout_ms: int = Field(default=10_000, ge=1000)
+    max_poll_interval_ms: int = Field(default=60_000, ge=1000)
+    #: A fired timer not applied within this many ms is fired again.
+    timer_refire_ms: int = Field(default=30_000, ge=100)
+    max_message_bytes: int = Field(default=1024 * 1024, ge=1024)
+    metrics_port: int | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Settings from ``FLOWSTREAM_*`` variables, then non-``None`` ``overrides``."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for name in cls.model_fields:
+            raw = env.get(f"FLOWSTREAM_{name.upper()}")
+            if raw is not None:
+                values[name] = raw
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.model_validate(values)
