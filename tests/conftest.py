@@ -52,12 +52,7 @@ def _unavailable(message: str) -> NoReturn:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Fetch the Kafka jars before any test runs, so a first download eats no test's timeout."""
-    needs_launcher = any(
-        item.get_closest_marker("kafka3")
-        or (item.get_closest_marker("kafka") and not os.environ.get(KAFKA_ENV))
-        for item in session.items
-    )
-    if needs_launcher:
+    if any(_is_kafka_test(item) for item in session.items):
         try:
             ensure_jars()
         except DevKafkaError:

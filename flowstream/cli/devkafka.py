@@ -52,6 +52,13 @@ def register(subparsers: Any) -> None:
             help="directory for data, logs and PID files "
             "(default ~/.cache/flowstream/dev-kafka, or dev-kafka-3)",
         )
+        if name in ("start", "stop"):
+            action.add_argument(
+                "--node",
+                type=int,
+                default=None,
+                help=f"{name} only this node (1-3) of an existing cluster",
+            )
         if name == "start":
             action.add_argument(
                 "--timeout",
@@ -80,13 +87,19 @@ def _fail(error: DevKafkaError) -> int:
 
 
 def _start(args: argparse.Namespace) -> int:
-    cluster = _cluster(args, existing=False)
+    cluster = _cluster(args, existing=args.node is not None)
     try:
         was_running = cluster.is_running()
-        bootstrap = cluster.start(timeout=args.timeout, fresh=args.fresh)
+        if args.node is None:
+            bootstrap = cluster.start(timeout=args.timeout, fresh=args.fresh)
+        else:
+            cluster.start_node(args.node, timeout=args.timeout)
+            bootstrap = cluster.bootstrap
     except DevKafkaError as error:
         return _fail(error)
     what = "already running" if was_running else "started"
+    if args.node is not None and not was_running:
+        what = f"node {args.node} started; cluster running"
     logs = ", ".join(str(s.log) for s in cluster.status())
     print(f"Kafka {cluster.version} {what} at {bootstrap} (logs: {logs})", file=sys.stderr)
     print(bootstrap)
@@ -96,10 +109,11 @@ def _start(args: argparse.Namespace) -> int:
 def _stop(args: argparse.Namespace) -> int:
     cluster = _cluster(args, existing=True)
     try:
-        stopped = cluster.stop()
+        stopped = cluster.stop() if args.node is None else cluster.stop_node(args.node)
     except DevKafkaError as error:
         return _fail(error)
-    print(f"stopped {cluster.bootstrap}" if stopped else f"not running {cluster.bootstrap}")
+    target = cluster.bootstrap if args.node is None else cluster.node(args.node).address
+    print(f"stopped {target}" if stopped else f"not running {target}")
     return 0
 
 

@@ -15,8 +15,9 @@ import pytest
 from flowstream.cli import main
 from flowstream.devkafka import Cluster, DevKafkaError
 from flowstream.devkafka.jars import ensure_jars
-from flowstream.kafka import clients
+from flowstream.kafka import clients, topics
 from flowstream.kafka.clients import TopicPartition
+from flowstream.topology import load_topology
 
 
 def _free_port_pair() -> int:
@@ -184,6 +185,14 @@ def test_three_nodes_survive_killing_one(kafka3_cluster: Cluster) -> None:
     cluster.start_node(2)
     assert cluster.is_running()
     _wait_for_full_isr(admin, topic, replicas=3)
+
+    # The declared topology applies as written (RF 3, min ISR 2) on three brokers.
+    applied = topics.apply(bootstrap, load_topology(), prefix=topic)
+    assert all(state.created for state in applied)
+    events = _topic_resource(f"{topic}.events")
+    settings = admin.describe_configs([events])[events].result()
+    assert settings["min.insync.replicas"].value == "2"
+    assert len(admin.list_topics(timeout=10).topics[f"{topic}.events"].partitions[0].replicas) == 3
 
     consumer = clients.new_consumer(bootstrap, f"g-{topic}")
     consumer.assign([TopicPartition(topic, p, 0) for p in range(3)])
