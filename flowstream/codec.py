@@ -1,0 +1,403 @@
+"""Avro encoding of events and command messages: the only module that imports fastavro.
+
+Every value flowstream puts on Kafka uses the Avro single-object encoding::
+
+    C3 01 | fingerprint: 8 bytes | Avro binary body
+            CRC-64-AVRO of the writer schema's parsing canonical form, little-endian
+
+so a reader knows the exact writer schema from the bytes alone. Schemas are the ``.avsc``
+files shipped in ``flowstream/schemas`` (``schemas/`` in the source tree), one per named
+record, each file named ``<full name>.avsc``; a reference to another record is resolved from
+its file and inlined at first use, as ``fastavro.schema.load_schema`` does. The wire records
+are the event envelope and one record per message; ``history/`` keeps superseded,
+self-contained writer schemas. The codec registers every writer schema by fingerprint, so bytes
+written with an older version decode into the current model through Avro schema resolution.
+
+Anything that does not decode into the expected type raises
+:class:`~flowstream.errors.SerializationError`: a missing marker, an unknown fingerprint, a
+record of another type, a corrupt body, trailing bytes, or a value the model rejects. Errors
+about a record that can hold a hook token (``ResumeHook``, ``DeadLetter``) never quote the
+underlying exception or any input value.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import Any, TypeVar, overload
+
+import fastavro
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+from pydantic import BaseModel, ValidationError
+
+from flowstream.datum import RecordPlan, plan
+from flowstream.errors import SerializationError
+from flowstream.model.events import EventEnvelope
+from flowstream.model.messages import (
+    CancelRun,
+    CommandMessage,
+    DeadLetter,
+    DisposeHook,
+    FireTimer,
+    ResolveChild,
+    ResumeHook,
+    SendSignal,
+    StartRun,
+)
+
+__all__ = [
+    "ENVELOPE_SCHEMA",
+    "MARKER",
+    "AvroCodec",
+    "decode_command",
+    "decode_dead_letter",
+    "decode_event",
+    "default_codec",
+    "encode_event",
+    "encode_message",
+    "message_schema_name",
+    "resolve_schema",
+]
+
+MARKER = b"\xc3\x01"
+ENVELOPE_SCHEMA = "flowstream.EventEnvelope"
+_HEADER_SIZE = len(MARKER) + 8
+_COMMANDS: tuple[type[BaseModel], ...] = (
+    StartRun,
+    SendSignal,
+    ResumeHook,
+    DisposeHook,
+    CancelRun,
+    FireTimer,
+    ResolveChild,
+)
+_SECRET_BEARING: frozenset[type[BaseModel]] = frozenset({ResumeHook, DeadLetter})
+_PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
+_NAMED = frozenset({"record", "error", "enum", "fixed"})
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def message_schema_name(message_type: type[BaseModel]) -> str:
+    """Full Avro name of a message record, e.g. ``flowstream.message.StartRun``."""
+    return f"flowstream.message.{message_type.__name__}"
+
+
+# -- schema documents -------------------------------------------------------------------------
+
+
+def resolve_schema(name: str, library: Mapping[str, Any]) -> dict[str, Any]:
+    """The self-contained schema of ``name``: references inlined at first use, full names.
+
+    ``library`` maps full names to parsed ``.avsc`` documents.
+    """
+    if name not in library:
+        raise SerializationError(f"no Avro schema named {name}")
+    resolved: dict[str, Any] = _resolve(library[name], "", library, set())
+    return resolved
+
+
+def _fullname(node: Mapping[str, Any], namespace: str) -> tuple[str, str]:
+    name: str = node["name"]
+    if "." in name:
+        return name, name.rsplit(".", 1)[0]
+    space: str = node.get("namespace", namespace) or ""
+    return (f"{space}.{name}" if space else name), space
+
+
+def _resolve(node: Any, namespace: str, library: Mapping[str, Any], defined: set[str]) -> Any:
+    if isinstance(node, str):
+        if node in _PRIMITIVES:
+            return node
+        full = node if "." in node or not namespace else f"{namespace}.{node}"
+        if full in defined:
+            return full
+        if full not in library:
+            raise SerializationError(f"Avro type {full} is not defined: add {full}.avsc")
+        return _resolve(library[full], "", library, defined)
+    if isinstance(node, list):
+        return [_resolve(item, namespace, library, defined) for item in node]
+    kind = node["type"]
+    if not isinstance(kind, str) or kind not in _NAMED | {"array", "map"} | _PRIMITIVES:
+        return _resolve(kind, namespace, library, defined)
+    if kind in _NAMED:
+        full, space = _fullname(node, namespace)
+        if full in defined:
+            raise SerializationError(f"Avro type {full} is defined twice")
+        defined.add(full)
+        out: dict[str, Any] = {"type": kind, "name": full}
+        out.update((k, v) for k, v in node.items() if k not in ("type", "name", "namespace"))
+        if kind in ("record", "error"):
+            out["fields"] = [
+                {**field, "type": _resolve(field["type"], space, library, defined)}
+                for field in node["fields"]
+            ]
+        return out
+    if kind == "array":
+        return {**node, "items": _resolve(node["items"], namespace, library, defined)}
+    if kind == "map":
+        return {**node, "values": _resolve(node["values"], namespace, library, defined)}
+    return node
+
+
+def _documents(directory: Traversable) -> Iterator[tuple[str, dict[str, Any]]]:
+    for entry in sorted(directory.iterdir(), key=lambda e: e.name):
+        if entry.is_file() and entry.name.endswith(".avsc"):
+            try:
+                document = json.loads(entry.read_text(encoding="utf-8"))
+            except ValueError as exc:
+                raise SerializationError(f"schema file {entry.name} is not JSON: {exc}") from exc
+            yield entry.name, document
+
+
+def _default_directory() -> Traversable:
+    return resources.files("flowstream").joinpath("schemas")
+
+
+# -- the codec --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Reader:
+    """The current schema of one wire record and how its datum becomes a model."""
+
+    name: str
+    model: type[BaseModel]
+    parsed: Any
+    header: bytes
+    plan: RecordPlan
+
+
+@dataclass(frozen=True, slots=True)
+class _Writer:
+    """A known writer schema: the current one (``parsed is None``) or a superseded one."""
+
+    reader: _Reader
+    parsed: Any
+
+
+class AvroCodec:
+    """Encodes and decodes events and messages; build once (schemas are parsed here) and reuse.
+
+    ``schema_dir`` defaults to the schemas shipped with the package.
+    """
+
+    def __init__(self, schema_dir: Traversable | Path | None = None) -> None:
+        directory = _default_directory() if schema_dir is None else schema_dir
+        library: dict[str, dict[str, Any]] = {}
+        for file_name, document in _documents(directory):
+            full, _ = _fullname(document, "")
+            if file_name != f"{full}.avsc":
+                raise SerializationError(f"schema file {file_name} must be named {full}.avsc")
+            library[full] = document
+        wire: dict[str, type[BaseModel]] = {ENVELOPE_SCHEMA: EventEnvelope}
+        messages: tuple[type[BaseModel], ...] = (*_COMMANDS, DeadLetter)
+        wire.update((message_schema_name(m), m) for m in messages)
+        self._readers: dict[type[BaseModel], _Reader] = {}
+        self._writers: dict[bytes, _Writer] = {}
+        for name, model in wire.items():
+            reader = self._reader(name, model, resolve_schema(name, library))
+            self._readers[model] = reader
+            self._writers[reader.header[len(MARKER) :]] = _Writer(reader, None)
+        history = directory.joinpath("history")
+        if history.is_dir():
+            by_name = {reader.name: reader for reader in self._readers.values()}
+            for file_name, document in _documents(history):
+                full, _ = _fullname(document, "")
+                if full not in by_name:
+                    raise SerializationError(f"history schema {file_name}: no current {full}")
+                resolved = resolve_schema(full, {full: document})
+                header = _header(resolved)
+                if header[len(MARKER) :] not in self._writers:
+                    writer = _Writer(by_name[full], fastavro.parse_schema(resolved))
+                    self._writers[header[len(MARKER) :]] = writer
+
+    @staticmethod
+    def _reader(name: str, model: type[BaseModel], resolved: dict[str, Any]) -> _Reader:
+        record_plan = plan(model, resolved, tagged=model is not EventEnvelope)
+        return _Reader(name, model, fastavro.parse_schema(resolved), _header(resolved), record_plan)
+
+    # -- public API ---------------------------------------------------------------------------
+
+    def encode_event(self, envelope: EventEnvelope) -> bytes:
+        """The single-object encoding of one event envelope."""
+        return self._encode(envelope, self._readers[EventEnvelope], envelope.run_id)
+
+    def decode_event(self, data: bytes) -> EventEnvelope:
+        """Decode bytes from the events topic."""
+        envelope = self._decode(data, (EventEnvelope,))
+        assert isinstance(envelope, EventEnvelope)
+        return envelope
+
+    def encode_message(self, message: CommandMessage | DeadLetter) -> bytes:
+        """The single-object encoding of a :data:`CommandMessage` or a :class:`DeadLetter`."""
+        reader = self._readers.get(type(message))
+        if reader is None or reader.model is EventEnvelope:
+            raise SerializationError(
+                f"cannot encode {type(message).__name__} as a message: use a command message "
+                "or a DeadLetter (and encode_event for events)"
+            )
+        return self._encode(message, reader, getattr(message, "run_id", None))
+
+    @overload
+    def decode_command(self, data: bytes) -> CommandMessage: ...
+
+    @overload
+    def decode_command(self, data: bytes, expected: type[M]) -> M: ...
+
+    def decode_command(self, data: bytes, expected: type[BaseModel] | None = None) -> Any:
+        """Decode bytes from a command topic, optionally requiring one message type."""
+        if expected is not None and expected not in _COMMANDS:
+            raise TypeError(f"{expected.__name__} is not a command message type")
+        return self._decode(data, _COMMANDS if expected is None else (expected,))
+
+    def decode_dead_letter(self, data: bytes) -> DeadLetter:
+        """Decode bytes from the dead-letter topic."""
+        letter = self._decode(data, (DeadLetter,))
+        assert isinstance(letter, DeadLetter)
+        return letter
+
+    def schema_name(self, data: bytes) -> str:
+        """The full name of the record ``data`` holds, read from its fingerprint."""
+        return self._writer(data).reader.name
+
+    def fingerprint(self, name: str) -> bytes:
+        """The 8-byte fingerprint of the current schema of the wire record ``name``."""
+        for reader in self._readers.values():
+            if reader.name == name:
+                return reader.header[len(MARKER) :]
+        raise SerializationError(f"no wire record named {name}")
+
+    # -- internals ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _encode(value: BaseModel, reader: _Reader, run_id: str | None) -> bytes:
+        buffer = io.BytesIO()
+        buffer.write(reader.header)
+        try:
+            fastavro.schemaless_writer(buffer, reader.parsed, reader.plan.to_datum(value))
+        except SerializationError as exc:
+            raise SerializationError(f"cannot encode {reader.name}: {exc}", run_id=run_id) from None
+        except Exception as exc:
+            raise SerializationError(
+                f"cannot encode {reader.name}: {_describe(exc, reader.model)}", run_id=run_id
+            ) from (None if reader.model in _SECRET_BEARING else exc)
+        return buffer.getvalue()
+
+    def _writer(self, data: bytes) -> _Writer:
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise SerializationError(f"expected bytes, got {type(data).__name__}")
+        if len(data) < _HEADER_SIZE or bytes(data[: len(MARKER)]) != MARKER:
+            raise SerializationError(
+                "not an Avro single-object encoded value: it must start with C3 01 and an "
+                "8-byte schema fingerprint"
+            )
+        fp = bytes(data[len(MARKER) : _HEADER_SIZE])
+        writer = self._writers.get(fp)
+        if writer is None:
+            raise SerializationError(
+                f"unknown writer schema fingerprint {fp.hex()}: written by a schema this "
+                "flowstream does not know (a newer release, or another producer); keep every "
+                "superseded schema in schemas/history/"
+            )
+        return writer
+
+    def _decode(self, data: bytes, expected: tuple[type[BaseModel], ...]) -> BaseModel:
+        writer = self._writer(data)
+        reader = writer.reader
+        if reader.model not in expected:
+            wanted = ", ".join(self._readers[m].name for m in expected)
+            raise SerializationError(f"expected {wanted} but the bytes hold {reader.name}")
+        secret = reader.model in _SECRET_BEARING
+        buffer = io.BytesIO(data)
+        buffer.seek(_HEADER_SIZE)
+        try:
+            datum = fastavro.schemaless_reader(
+                buffer,
+                reader.parsed if writer.parsed is None else writer.parsed,
+                None if writer.parsed is None else reader.parsed,
+                return_record_name=True,
+                return_record_name_override=True,
+            )
+            if buffer.tell() != len(data):
+                raise SerializationError(f"{len(data) - buffer.tell()} trailing bytes")
+            if not isinstance(datum, dict):
+                raise SerializationError(f"the body is a {type(datum).__name__}, not a record")
+            return reader.model.model_validate(reader.plan.from_datum(datum))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or '<record>'}: {e['msg']}"
+                for e in exc.errors(include_url=False, include_input=False, include_context=False)
+            )
+            raise SerializationError(f"{reader.name} does not validate: {problems}") from (
+                None if secret else exc
+            )
+        except Exception as exc:
+            raise SerializationError(
+                f"cannot decode {reader.name}: {_describe(exc, reader.model)}"
+            ) from (None if secret else exc)
+
+    def __repr__(self) -> str:
+        return f"AvroCodec({len(self._readers)} wire records, {len(self._writers)} writer schemas)"
+
+
+def _header(resolved: dict[str, Any]) -> bytes:
+    canonical = to_parsing_canonical_form(resolved)
+    return MARKER + bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO"))
+
+
+def _describe(exc: Exception, model: type[BaseModel]) -> str:
+    if model in _SECRET_BEARING and not isinstance(exc, SerializationError):
+        return f"{type(exc).__name__} (details withheld: the record can hold a hook token)"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
+
+
+# -- the shared codec -------------------------------------------------------------------------
+
+
+@functools.cache
+def default_codec() -> AvroCodec:
+    """The codec over the schemas shipped with the package, built on first use."""
+    return AvroCodec()
+
+
+def encode_event(envelope: EventEnvelope) -> bytes:
+    """Encode one event envelope with :func:`default_codec`."""
+    return default_codec().encode_event(envelope)
+
+
+def decode_event(data: bytes) -> EventEnvelope:
+    """Decode one event envelope with :func:`default_codec`."""
+    return default_codec().decode_event(data)
+
+
+def encode_message(message: CommandMessage | DeadLetter) -> bytes:
+    """Encode a command message or dead letter with :func:`default_codec`."""
+    return default_codec().encode_message(message)
+
+
+@overload
+def decode_command(data: bytes) -> CommandMessage: ...
+
+
+@overload
+def decode_command(data: bytes, expected: type[M]) -> M: ...
+
+
+def decode_command(data: bytes, expected: type[BaseModel] | None = None) -> Any:
+    """Decode a command message with :func:`default_codec`."""
+    if expected is None:
+        return default_codec().decode_command(data)
+    return default_codec().decode_command(data, expected)
+
+
+def decode_dead_letter(data: bytes) -> DeadLetter:
+    """Decode a dead letter with :func:`default_codec`."""
+    return default_codec().decode_dead_letter(data)
