@@ -394,3 +394,40 @@ def test_a_store_subclass_returning_a_gap_is_reported() -> None:
         engine.history("r1")
     with pytest.raises(CorruptHistoryError):
         run(engine.drive("r1"))
+
+
+# -- invocations are immutable inputs ------------------------------------------------------
+
+_LIVE_STATE_BUG = (
+    "BUG: WorkflowInvocation/StepInvocation (engine.py _drive_one and _call_step) receive the "
+    "store's cached RunState and its live history list, so workflow code sees later events and "
+    "can corrupt what the store returns"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=_LIVE_STATE_BUG)
+def test_workflow_code_cannot_corrupt_the_stored_history(store: EventStore) -> None:
+    def vandal(ctx: WorkflowContext) -> RuntimeCommand:
+        history = ctx.history
+        try:
+            history.clear()  # type: ignore[attr-defined]
+        except (AttributeError, TypeError):
+            pass
+        return ctx.complete(1)
+
+    run(FlowEngine(store, make_runtime(vandal)).start("r1", SPEC))
+    assert event_types(store.read("r1")) == ["run_created", "run_started", "run_completed"]
+
+
+@pytest.mark.xfail(strict=True, reason=_LIVE_STATE_BUG)
+def test_an_invocation_is_a_stable_view_of_the_history_it_was_given(store: EventStore) -> None:
+    contexts: list[WorkflowContext] = []
+
+    def keeps(ctx: WorkflowContext) -> RuntimeCommand:
+        contexts.append(ctx)
+        return three_steps(ctx)
+
+    run(FlowEngine(store, make_runtime(keeps, {"echo": echo})).start("r1", SPEC))
+    first = contexts[0]
+    assert len(first.history) == 2
+    assert not first.step_completed("a")
