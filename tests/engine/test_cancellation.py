@@ -11,7 +11,9 @@ import pytest
 from flowstream.engine import FlowEngine
 from flowstream.errors import InvalidTransitionError, RunConflictError
 from flowstream.model.commands import RuntimeCommand
+from flowstream.model.events import RunCreated, RunStarted, StepCreated, StepFailed, StepStarted
 from flowstream.model.snapshot import HookStatus, RunStatus, StepStatus, WaitStatus
+from flowstream.model.spec import RetryPolicy
 from flowstream.replay.context import StepInvocation, WorkflowContext
 from flowstream.stores.base import EventStore
 from tests.support import EPOCH, Crash, FakeClock, event_types, events_of, make_runtime, run, spec
@@ -233,3 +235,29 @@ def test_cancellation_of_a_pending_run_ends_it_cancelled(
     snapshot = run(engine.request_cancellation("r1", "never mind"))
     assert snapshot.status is RunStatus.CANCELLED
     assert "hook_created" not in event_types(store.read("r1"))
+
+
+def test_a_durable_step_exhaustion_wins_over_a_later_cancellation_request(
+    store: EventStore, clock: FakeClock
+) -> None:
+    # The step failed for good, then the process died before run_retry_exhausted.
+    store.append_if_sequence(
+        "r1",
+        0,
+        [
+            RunCreated(spec=SPEC, input="step"),
+            RunStarted(),
+            StepCreated(step_id="s", step_name="work", retry=RetryPolicy.none()),
+            StepStarted(step_id="s", attempt=1),
+            StepFailed(step_id="s", attempt=1, error="boom"),
+        ],
+    )
+    runtime = make_runtime(parked("step"), {"cleanup": cleanup})
+    snapshot = run(FlowEngine(store, runtime, clock=clock).request_cancellation("r1", "late"))
+    assert snapshot.status is RunStatus.FAILED
+    assert snapshot.outcome is not None and snapshot.outcome.type == "retry_exhausted"
+    assert runtime.workflow_calls == []
+    assert event_types(store.read("r1"))[-2:] == [
+        "run_cancellation_requested",
+        "run_retry_exhausted",
+    ]
