@@ -177,7 +177,8 @@ class Cluster:
     def start(self, *, timeout: float = DEFAULT_TIMEOUT_S, fresh: bool = False) -> str:
         """Start every node that is not running and wait until all brokers answer.
 
-        ``fresh`` wipes the data of a cluster that is not running. Returns the bootstrap string.
+        ``fresh`` wipes the data and logs of a cluster that is not running. Returns the bootstrap
+        string.
         """
         running = {s.node.node_id for s in self.status() if s.running}
         if len(running) == len(self.nodes):
@@ -224,6 +225,8 @@ class Cluster:
     def _wipe(self) -> None:
         for path in self.home.glob("node-*"):
             shutil.rmtree(path / "data", ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError):
+                (path / "kafka.log").unlink()
         with contextlib.suppress(FileNotFoundError):
             (self.home / "cluster.json").unlink()
 
