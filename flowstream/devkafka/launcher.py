@@ -273,15 +273,22 @@ class Cluster:
                     ),
                 )
             )
+        failures = []
         for node, formatter in formatting:
-            output, _ = formatter.communicate(timeout=300)
+            try:
+                output, _ = formatter.communicate(timeout=300)
+            except subprocess.TimeoutExpired:
+                formatter.kill()
+                output, _ = formatter.communicate()
             if formatter.returncode != 0:
                 lines = [line for line in output.splitlines() if line.strip()]
                 detail = lines[-1] if lines else "no output"
-                raise DevKafkaError(
+                failures.append(
                     f"formatting Kafka storage of node {node.node_id} failed "
                     f"(exit {formatter.returncode}): {detail}"
                 )
+        if failures:
+            raise DevKafkaError(failures[0])
 
     def _launch(self, java: str, libs: Path, nodes: Sequence[NodeSpec], *, timeout: float) -> None:
         started: list[NodeSpec] = []
