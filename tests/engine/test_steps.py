@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from flowstream.engine import FlowEngine
 from flowstream.errors import (
+    FlowError,
     InvalidTransitionError,
     NonRetryableError,
     SerializationError,
@@ -353,3 +354,37 @@ def test_typed_decoding_failures_are_serialization_errors(
 
     ok = make_runtime(workflow, {"work": lambda inv: {"receipt_id": "rc-1"}})
     assert run(FlowEngine(store, ok, clock=clock).start("r2", SPEC)).output == "rc-1"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: a step handler returning a non-JSON value makes StepCompleted(...) raise "
+    "pydantic.ValidationError out of drive (engine.py _record_outcome -> step_outcome_events); "
+    "it should be a FlowError (SerializationError) or a recorded step failure",
+)
+def test_a_non_json_step_output_is_reported_as_a_flow_error(
+    store: EventStore, clock: FakeClock
+) -> None:
+    runtime = make_runtime(one_step(RetryPolicy.none()), {"work": lambda inv: {"at": clock.now}})
+    try:
+        snapshot = run(FlowEngine(store, runtime, clock=clock).start("r1", SPEC))
+    except FlowError:
+        assert event_types(store.read("r1"))[-1] == "step_started"
+    else:
+        assert snapshot.steps["s"].status is StepStatus.FAILED
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: a retry delay that cannot be represented as a UTC deadline is only noticed "
+    "after the handler failed (OverflowError in decide.step_outcome_events), leaving the step "
+    "running; it should be an InvalidTransitionError before step_created",
+)
+def test_an_unrepresentable_retry_delay_is_rejected_before_the_step_runs(
+    store: EventStore, clock: FakeClock
+) -> None:
+    runtime = make_runtime(one_step(RetryPolicy.fixed(2, 10**15)), {"work": failing(1)})
+    with pytest.raises(InvalidTransitionError):
+        run(FlowEngine(store, runtime, clock=clock).start("r1", SPEC))
+    assert runtime.step_calls == []
+    assert event_types(store.read("r1")) == ["run_created", "run_started"]
