@@ -265,6 +265,26 @@ async def _slow_echo(invocation: StepInvocation) -> object:
     return echo(invocation)
 
 
+def test_two_engines_with_async_steps_converge_on_one_history(store: EventStore) -> None:
+    # Workflow code is synchronous here; the drivers interleave while steps await.
+    runtime = make_runtime(three_steps, {"echo": _slow_echo})
+    first, second = FlowEngine(store, runtime), FlowEngine(store, runtime)
+    run(first.start("r1", SPEC, drive=False))
+
+    async def both() -> list[object]:
+        return await asyncio.gather(first.drive("r1"), second.drive("r1"), second.drive("r1"))
+
+    results = run(both())
+    assert all(r.status is RunStatus.COMPLETED for r in results)  # type: ignore[attr-defined]
+    history = store.read("r1")
+    assert_contiguous(history)
+    completed = [e.step_id for e in events_of(history, "step_completed")]
+    assert completed == ["a", "b", "c"]
+    assert len(events_of(history, "step_started")) == 3  # redelivery reuses the attempt
+    assert len(events_of(history, "run_completed")) == 1
+    assert {c.attempt for c in runtime.step_calls} == {1}
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="BUG: FlowEngine._drive_one (engine.py) compares the cached RunState with itself after "
