@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -59,6 +60,24 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             pass  # the fixtures report it, once per test that needs Kafka
 
 
+@contextlib.contextmanager
+def _running(cluster: Cluster, hint: str) -> Iterator[Cluster]:
+    """The cluster started (fresh) unless it already runs; stopped after only if started here."""
+    started_here = not cluster.is_running()
+    problem = None
+    try:
+        cluster.start(fresh=started_here)
+    except DevKafkaError as error:
+        problem = f"{error} {hint}".strip()
+    if problem is not None:
+        _unavailable(f"no Kafka: {problem}")
+    try:
+        yield cluster
+    finally:
+        if started_here:
+            cluster.stop()
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """Bootstrap address of a real single-node Kafka broker."""
@@ -67,40 +86,15 @@ def kafka_bootstrap() -> Iterator[str]:
         yield configured
         return
     cluster = Cluster(default_cache_root() / "test-broker", port=TEST_BROKER_PORT)
-    started_here = not cluster.is_running()
-    try:
-        bootstrap = cluster.start(fresh=started_here)
-    except DevKafkaError as error:
-        problem = f"no Kafka broker: {error} (or set {KAFKA_ENV}=host:port)"
-    else:
-        problem = None
-    if problem is not None:
-        _unavailable(problem)
-    try:
-        yield bootstrap
-    finally:
-        if started_here:
-            cluster.stop()
+    with _running(cluster, f"(or set {KAFKA_ENV}=host:port)"):
+        yield cluster.bootstrap
 
 
 @pytest.fixture(scope="session")
 def kafka3_cluster() -> Iterator[Cluster]:
     """A three-node cluster (RF 3, min ISR 2) whose nodes tests may kill and restart."""
-    cluster = Cluster(default_cache_root() / "test-cluster3", brokers=3)
-    started_here = not cluster.is_running()
-    try:
-        cluster.start(fresh=started_here)
-    except DevKafkaError as error:
-        problem = f"no three-broker Kafka cluster: {error}"
-    else:
-        problem = None
-    if problem is not None:
-        _unavailable(problem)
-    try:
+    with _running(Cluster(default_cache_root() / "test-cluster3", brokers=3), "") as cluster:
         yield cluster
-    finally:
-        if started_here:
-            cluster.stop()
 
 
 # -- names --------------------------------------------------------------------------------
