@@ -24,7 +24,7 @@ from flowstream.kafka.clients import (
 )
 from flowstream.topology import TopicSpec, Topology, TopologyError
 
-__all__ = ["TopicState", "apply", "verify"]
+__all__ = ["TopicState", "apply", "topic_configs", "verify"]
 
 
 @dataclass(frozen=True)
@@ -175,16 +175,51 @@ def _check_cleanup(
 ) -> list[str]:
     if not present:
         return []
-    resources = {name: ConfigResource(ResourceType.TOPIC, name) for name, _ in present}
-    futures = client.describe_configs(list(resources.values()), request_timeout=timeout)
+    configs = topic_configs(client, [name for name, _ in present], timeout=timeout)
     problems = []
     for name, spec in present:
-        entries = futures[resources[name]].result()
-        entry = entries.get("cleanup.policy")
-        policy = entry.value if entry is not None else None
+        policy = configs[name].get("cleanup.policy")
         if policy != spec.cleanup_policy:
             problems.append(
                 f"topic {name} has cleanup.policy={policy} but the topology declares "
                 f"{spec.cleanup_policy}"
             )
     return problems
+
+
+def topic_configs(
+    admin: AdminClient | str, names: Sequence[str], *, timeout: float = 30.0
+) -> dict[str, dict[str, str | None]]:
+    """Each topic's effective configuration (name -> value).
+
+    A topic created a moment ago may be unknown to the broker that answers until metadata
+    reaches it, so ``UNKNOWN_TOPIC_OR_PART`` is retried until ``timeout``.
+    """
+    client = new_admin(admin) if isinstance(admin, str) else admin
+    deadline = time.monotonic() + timeout
+    found: dict[str, dict[str, str | None]] = {}
+    pending = list(names)
+    while pending:
+        resources = {name: ConfigResource(ResourceType.TOPIC, name) for name in pending}
+        futures = client.describe_configs(list(resources.values()), request_timeout=timeout)
+        retry = []
+        for name, resource in resources.items():
+            try:
+                entries = futures[resource].result()
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                unknown = (
+                    isinstance(error, KafkaError)
+                    and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+                )
+                if unknown and time.monotonic() < deadline:
+                    retry.append(name)
+                    continue
+                raise TopologyError(
+                    f"could not read the configuration of topic {name}: {exc}"
+                ) from None
+            found[name] = {key: entry.value for key, entry in entries.items()}
+        pending = retry
+        if pending:
+            time.sleep(0.2)
+    return found

@@ -168,8 +168,7 @@ def test_three_nodes_survive_killing_one(kafka3_cluster: Cluster) -> None:
     admin = clients.new_admin(bootstrap)
     new = clients.NewTopic(topic, num_partitions=3, replication_factor=3)
     admin.create_topics([new], operation_timeout=30)[topic].result()
-    configs = admin.describe_configs([_topic_resource(topic)])
-    assert next(iter(configs.values())).result()["min.insync.replicas"].value == "2"
+    assert topics.topic_configs(admin, [topic])[topic]["min.insync.replicas"] == "2"
 
     producer = clients.new_producer(bootstrap, {"delivery.timeout.ms": 90_000})
 
@@ -189,10 +188,9 @@ def test_three_nodes_survive_killing_one(kafka3_cluster: Cluster) -> None:
     # The declared topology applies as written (RF 3, min ISR 2) on three brokers.
     applied = topics.apply(bootstrap, load_topology(), prefix=topic)
     assert all(state.created for state in applied)
-    events = _topic_resource(f"{topic}.events")
-    settings = admin.describe_configs([events])[events].result()
-    assert settings["min.insync.replicas"].value == "2"
-    assert len(admin.list_topics(timeout=10).topics[f"{topic}.events"].partitions[0].replicas) == 3
+    events = f"{topic}.events"
+    assert topics.topic_configs(admin, [events])[events]["min.insync.replicas"] == "2"
+    assert len(admin.list_topics(timeout=10).topics[events].partitions[0].replicas) == 3
 
     consumer = clients.new_consumer(bootstrap, f"g-{topic}")
     consumer.assign([TopicPartition(topic, p, 0) for p in range(3)])
@@ -204,10 +202,6 @@ def test_three_nodes_survive_killing_one(kafka3_cluster: Cluster) -> None:
             values.add(message.value() or b"")
     consumer.close()
     assert len(values) == 60
-
-
-def _topic_resource(topic: str) -> clients.ConfigResource:
-    return clients.ConfigResource(clients.ResourceType.TOPIC, topic)
 
 
 def _wait_for_full_isr(admin: clients.AdminClient, topic: str, *, replicas: int) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from flowstream.cli import main
-from flowstream.kafka import clients, topics
+from flowstream.kafka import topics
 from flowstream.topology import REQUIRED_SUFFIXES, TopologyError, load_topology
 
 pytestmark = pytest.mark.kafka
@@ -26,11 +26,11 @@ def test_apply_creates_then_verifies(kafka_bootstrap: str, unique_prefix: str) -
         s.name for s in created
     ]
 
-    admin = clients.new_admin(kafka_bootstrap)
-    resource = clients.ConfigResource(clients.ResourceType.TOPIC, f"{unique_prefix}.events")
-    configs = admin.describe_configs([resource])[resource].result()
-    assert configs["cleanup.policy"].value == "delete"
-    assert configs["retention.ms"].value == "-1"
+    events = f"{unique_prefix}.events"
+    configs = topics.topic_configs(kafka_bootstrap, [events])[events]
+    assert configs["cleanup.policy"] == "delete"
+    assert configs["retention.ms"] == "-1"
+    assert configs["min.insync.replicas"] == "1"
 
 
 def test_wrong_partition_count_names_the_topic(
