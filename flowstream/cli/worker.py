@@ -11,6 +11,7 @@ from typing import Any
 
 from flowstream.cli.local import load_runtime
 from flowstream.errors import FlowError
+from flowstream.kafka.clients import KafkaError, KafkaException
 from flowstream.runtime import FlowRuntime
 from flowstream.settings import Settings
 
@@ -89,4 +90,16 @@ def _worker(args: argparse.Namespace) -> int:
     except FlowError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else exc
+        fenced = getattr(error, "code", lambda: None)() == KafkaError._FENCED
+        if fenced:
+            print(
+                "error: this processor was fenced (a newer owner or a transaction timeout took "
+                "over its partitions); restart it to rejoin the group",
+                file=sys.stderr,
+            )
+        else:
+            print(f"error: fatal Kafka error: {error}", file=sys.stderr)
+        return 3
     return 0

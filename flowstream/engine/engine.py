@@ -11,10 +11,13 @@ from __future__ import annotations
 import asyncio
 import hmac
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, cast
+
+from pydantic import JsonValue, TypeAdapter, ValidationError
 
 from flowstream.errors import (
     EventConflictError,
@@ -22,11 +25,12 @@ from flowstream.errors import (
     InvalidTransitionError,
     LimitExceededError,
     NonRetryableError,
+    PayloadTooLargeError,
     RunConflictError,
     RuntimeBuildUnavailableError,
     UnknownOutcomeError,
 )
-from flowstream.model.base import JSON, validate_run_id
+from flowstream.model.base import JSON, json_equal, validate_run_id
 from flowstream.model.commands import RuntimeCommand
 from flowstream.model.events import (
     ChildCancellationPolicy,
@@ -41,6 +45,7 @@ from flowstream.model.events import (
     RunCancelled,
     RunCreated,
     SignalReceived,
+    TerminalOutcome,
     WaitCompleted,
 )
 from flowstream.model.snapshot import (
@@ -52,7 +57,12 @@ from flowstream.model.snapshot import (
     WorkflowRunSummary,
 )
 from flowstream.model.spec import ExhaustedAction, WorkflowSpec
-from flowstream.replay.context import StepInvocation, WorkflowInvocation, step_idempotency_key
+from flowstream.replay.context import (
+    HistoryView,
+    StepInvocation,
+    WorkflowInvocation,
+    step_idempotency_key,
+)
 from flowstream.replay.decide import (
     decide,
     engine_repair,
@@ -151,7 +161,7 @@ class FlowEngine:
                 state = self.store.state(run_id)
                 if state.spec != spec:
                     raise RunConflictError(f"run {run_id}: workflow spec differs", run_id=run_id)
-                if state.input != input:
+                if not json_equal(state.input, input):
                     raise RunConflictError(f"run {run_id}: workflow input differs", run_id=run_id)
                 break
             self._admit(run_id, spec)
@@ -367,24 +377,36 @@ class FlowEngine:
 
     async def force_cancel(self, run_id: str, reason: str | None = None) -> WorkflowRunSnapshot:
         """End the run now without running workflow code; open children follow their policy."""
+        state = await self._force_cancel(run_id, reason, notify_parent=True)
+        return state.snapshot()
+
+    async def _force_cancel(
+        self, run_id: str, reason: str | None, *, notify_parent: bool
+    ) -> RunState:
         while True:
             state = await self._leaf(run_id)
             if state.is_terminal:
-                return state.snapshot()
+                return state
             events: list[FlowEvent] = []
             for child_id in state.blocking_children:
-                if state.children[child_id].cancellation_policy is ChildCancellationPolicy.ABANDON:
+                child = state.children[child_id]
+                if child.cancellation_policy is ChildCancellationPolicy.ABANDON:
                     continue
-                child_leaf = await self.force_cancel(state.children[child_id].run_id, reason)
-                assert child_leaf.outcome is not None
-                events.append(ChildWorkflowResolved(child_id=child_id, outcome=child_leaf.outcome))
+                if self.store.exists(child.run_id):
+                    child_leaf = await self._force_cancel(child.run_id, reason, notify_parent=False)
+                    outcome = child_leaf.outcome
+                else:  # the child's creation was lost: it never ran, so it ends here too
+                    outcome = TerminalOutcome(type="cancelled", error=reason)
+                assert outcome is not None
+                events.append(ChildWorkflowResolved(child_id=child_id, outcome=outcome))
             events.append(RunCancelled(reason=reason))
             try:
                 self.store.append_if_sequence(state.run_id, state.last_sequence, events)
             except EventConflictError:
                 continue
-            await self._after_terminal(self.store.state(state.run_id), None, notify_parent=True)
-            return self.store.state(state.run_id).snapshot()
+            final = self.store.state(state.run_id)
+            await self._after_terminal(final, None, notify_parent=notify_parent)
+            return final
 
     # -- inspection -----------------------------------------------------------------------
 
@@ -455,18 +477,25 @@ class FlowEngine:
     def _ensure_successor(self, state: RunState) -> None:
         assert state.outcome is not None and state.outcome.successor_run_id is not None
         successor = state.outcome.successor_run_id
-        if self.store.exists(successor):
-            return
         created = RunCreated(
             spec=state.spec,
             input=state.continuation_input,
             parent=ParentLink(run_id=state.run_id, continued=True),
             depth=state.depth,
         )
-        try:
-            self.store.append_if_sequence(successor, 0, [created])
-        except EventConflictError:
-            pass
+        if not self.store.exists(successor):
+            try:
+                self.store.append_if_sequence(successor, 0, [created])
+                return
+            except EventConflictError:
+                pass
+        found = self.store.state(successor).history[0].event
+        if not json_equal(found.model_dump(mode="json"), created.model_dump(mode="json")):
+            raise InvalidTransitionError(
+                f"run {successor} exists but is not the continuation of {state.run_id}: "
+                "its run_created differs from the durable link",
+                run_id=state.run_id,
+            )
 
     async def _drive_chain(
         self, run_id: str, now: datetime | None, *, notify_parent: bool
@@ -498,8 +527,9 @@ class FlowEngine:
                     continue
                 if is_suspended(state, moment):
                     return state
+                expected = state.last_sequence
                 invocation = WorkflowInvocation(
-                    run_id, state.spec, state.input, state.history, state
+                    run_id, state.spec, state.input, HistoryView(state.history, expected), state
                 )
                 runtime = self._runtime_for(state.spec)
                 command = await _maybe_await(runtime.run_workflow(invocation))
@@ -508,13 +538,15 @@ class FlowEngine:
                         f"run_workflow returned {type(command).__name__}, not a RuntimeCommand",
                         run_id=run_id,
                     )
-                # Workflow code awaited; if another writer moved the run, replay from the top.
-                if self.store.state(run_id).last_sequence != state.last_sequence:
+                # Workflow code may have awaited: if another writer moved the run, the decision
+                # was made on a stale history, so replay from the top instead of appending it.
+                state = self.store.state(run_id)
+                if state.last_sequence != expected:
                     continue
                 decision = decide(state, command, moment)
                 self._check_children(state, decision.events)
                 if decision.events:
-                    self.store.append_if_sequence(run_id, state.last_sequence, decision.events)
+                    self.store.append_if_sequence(run_id, expected, decision.events)
                 if decision.run_steps:
                     if await self._run_steps(run_id, decision.run_steps, now):
                         continue
@@ -692,7 +724,9 @@ class FlowEngine:
     async def _call_step(
         self, state: RunState, step_id: str, attempt: int, *, in_thread: bool
     ) -> tuple[JSON, str | None, bool]:
-        return await call_step(self._runtime_for(state.spec), state, step_id, attempt, in_thread)
+        outcome = await call_step(self._runtime_for(state.spec), state, step_id, attempt, in_thread)
+        assert outcome is not None  # no gate: the handler always runs
+        return outcome
 
     def _record_outcome(
         self,
@@ -716,6 +750,10 @@ class FlowEngine:
                 self.store.append_if_sequence(run_id, state.last_sequence, events)
             except EventConflictError:
                 continue
+            except PayloadTooLargeError as exc:
+                # Retrying would only produce the same output again: fail the attempt for good.
+                output, error, retryable = None, f"step output rejected: {exc}", False
+                continue
             step = self.store.state(run_id).steps[step_id]
             return step.status is StepStatus.FAILED and (
                 step.retry.on_exhausted is ExhaustedAction.FAIL_RUN
@@ -728,9 +766,20 @@ def _error_text(exc: BaseException) -> str:
 
 
 async def call_step(
-    runtime: FlowRuntime, state: RunState, step_id: str, attempt: int, in_thread: bool
-) -> tuple[JSON, str | None, bool]:
-    """Invoke a step handler once: (output, error text or None, retryable)."""
+    runtime: FlowRuntime,
+    state: RunState,
+    step_id: str,
+    attempt: int,
+    in_thread: bool,
+    *,
+    gate: Callable[[], bool] | None = None,
+    executor: Executor | None = None,
+) -> tuple[JSON, str | None, bool] | None:
+    """Invoke a step handler once: (output, error text or None, retryable).
+
+    ``gate`` is asked right before the handler starts (in its thread); when it says no, the
+    handler is not called and ``None`` is returned (the caller no longer owns the run).
+    """
     step = state.steps[step_id]
     invocation = StepInvocation(
         run_id=state.run_id,
@@ -738,16 +787,33 @@ async def call_step(
         step_name=step.step_name,
         attempt=attempt,
         input=step.input,
-        history=state.history,
+        history=HistoryView(state.history, state.last_sequence),
         idempotency_key=step_idempotency_key(state.run_id, step_id),
     )
+
+    def guarded() -> Any:
+        if gate is not None and not gate():
+            return _NOT_RUN
+        return runtime.run_step(invocation)
+
     try:
         if in_thread and not inspect.iscoroutinefunction(runtime.run_step):
-            result = await asyncio.to_thread(runtime.run_step, invocation)
+            loop = asyncio.get_running_loop()
+            result = await loop.run_in_executor(executor, guarded)
         else:
-            result = await _maybe_await(runtime.run_step(invocation))
+            result = await _maybe_await(guarded())
+        if result is _NOT_RUN:
+            return None
+        try:
+            _JSON_VALUE.validate_python(result)
+        except ValidationError as exc:
+            return None, f"step returned a value that is not JSON: {exc}", False
         return cast(JSON, result), None, True
     except (NonRetryableError, UnknownOutcomeError) as exc:
         return None, _error_text(exc), False
     except Exception as exc:  # a step handler's failure is data, recorded in history
         return None, _error_text(exc), True
+
+
+_NOT_RUN = object()
+_JSON_VALUE: TypeAdapter[JSON] = TypeAdapter(JsonValue)

@@ -15,6 +15,7 @@ __all__ = [
     "JSON",
     "FrozenModel",
     "canonical_json",
+    "json_equal",
     "utc",
     "validate_identifier",
     "validate_run_id",
@@ -35,6 +36,19 @@ class FrozenModel(BaseModel):
 def canonical_json(value: Any) -> str:
     """Compact, key-sorted JSON used in determinism diffs (``history=…; replay=…``)."""
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def json_equal(left: Any, right: Any) -> bool:
+    """JSON equality that tells types apart (``true`` is not ``1``, ``1.0`` is not ``1``)."""
+    if left is right:
+        return True
+    try:
+        return bool(
+            orjson.dumps(left, option=orjson.OPT_SORT_KEYS)
+            == orjson.dumps(right, option=orjson.OPT_SORT_KEYS)
+        )
+    except TypeError:
+        return bool(left == right)
 
 
 def validate_run_id(run_id: str) -> str:

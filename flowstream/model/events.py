@@ -12,7 +12,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from flowstream.model.base import JSON, FrozenModel
 from flowstream.model.spec import RetryPolicy, WorkflowSpec
@@ -346,3 +346,13 @@ class EventEnvelope(FrozenModel):
     timestamp: datetime
     event: FlowEvent
     schema_version: int = EVENT_SCHEMA_VERSION
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_version(cls, value: int) -> int:
+        if value != EVENT_SCHEMA_VERSION:
+            raise ValueError(
+                f"event schema version {value} is not supported (this build reads "
+                f"{EVENT_SCHEMA_VERSION}); upgrade flowstream to read it"
+            )
+        return value

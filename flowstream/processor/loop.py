@@ -24,6 +24,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,12 +73,14 @@ from flowstream.topology import (
     load_topology,
 )
 
-__all__ = ["RECORD_HEADER", "Processor"]
+__all__ = ["RECORD_HEADER", "WRITER_HEADER", "Processor"]
 
 LOG = logging.getLogger("flowstream.processor")
 
 #: Header naming what a record on the events topic is: an event, or an inbox entry.
 RECORD_HEADER = "flowstream-record"
+#: Header naming the processor instance that wrote an event (for audits and failure tests).
+WRITER_HEADER = "flowstream-writer"
 _COMMAND_TOPIC_FOR = {
     StartRun: CMD_START,
     SendSignal: CMD_SIGNAL,
@@ -111,7 +114,6 @@ class Owned:
     restore_began: float = field(default_factory=time.monotonic)
     events_end: int | None = None
     fired: dict[tuple[str, str, str], float] = field(default_factory=dict)
-    inflight: set[tuple[str, str, int]] = field(default_factory=set)
     outbox: list[tuple[str, str, int]] = field(default_factory=list)
 
 
@@ -140,9 +142,17 @@ class Processor:
         self.partitions = self.topology.run_partitions
         self.state_dir = Path(settings.state_dir) / settings.group
         self._owned: dict[int, Owned] = {}
-        self._results: deque[tuple[Owned, str, str, int, tuple[Any, str | None, bool]]] = deque()
+        # Step attempts running in this process, by (partition, run, step, attempt). They survive
+        # a rebalance: if the partition comes back, the result is still recorded (the restored
+        # history decides whether it is stale); if it went elsewhere, the result is dropped.
+        self._inflight: set[tuple[int, str, str, int]] = set()
+        self._results: deque[_StepResult] = deque()
+        self._held_results: dict[int, list[_StepResult]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._step_slots = asyncio.Semaphore(settings.step_concurrency)
+        self._executor = ThreadPoolExecutor(
+            max_workers=settings.step_concurrency, thread_name_prefix="flowstream-step"
+        )
         self._txn_open = False
         self._txn_began = 0.0
         self._txn_commands = 0
@@ -220,9 +230,14 @@ class Processor:
             for owned in list(self._owned.values()):
                 owned.store.close()
             self._owned.clear()
-            self.restorer.close()
-            self.watermarks.close()
-            self.producer.flush(5)
+            for close in (
+                self.restorer.close,
+                self.watermarks.close,
+                lambda: self.producer.flush(5),
+            ):
+                with contextlib.suppress(Exception):
+                    close()
+            self._executor.shutdown(wait=False, cancel_futures=True)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -312,10 +327,11 @@ class Processor:
             if owned.store.has_staged or end is not None:
                 owned.store.commit_local(end)
             owned.committed = dict(owned.positions)
-            for item in owned.outbox if start_steps else ():
-                if item not in owned.inflight:
-                    owned.inflight.add(item)
-                    self._start_step(owned, *item)
+            for run_id, step_id, attempt in owned.outbox if start_steps else ():
+                key = (owned.partition, run_id, step_id, attempt)
+                if key not in self._inflight:
+                    self._inflight.add(key)
+                    self._start_step(owned, run_id, step_id, attempt)
             owned.outbox.clear()
         self.metrics.transaction_seconds.observe(time.monotonic() - began)
 
@@ -369,6 +385,9 @@ class Processor:
                     )
                     position = low
                 by_partition.setdefault(tp.partition, {})[tp.topic] = position
+            for partition in list(self._held_results):
+                if partition not in by_partition:
+                    del self._held_results[partition]
             for partition, positions in by_partition.items():
                 if set(positions) != set(self.command_topics):
                     raise TopologyError(
@@ -382,12 +401,14 @@ class Processor:
     def _own(self, partition: int, positions: dict[str, int]) -> None:
         path = self.state_dir / f"p{partition:04d}"
         holder: dict[str, Owned] = {}
+        writer_headers = [
+            (RECORD_HEADER, b"event"),
+            (WRITER_HEADER, self.settings.instance_id.encode()),
+        ]
 
         def sink(run_id: str, envelopes: list[EventEnvelope], encoded: list[bytes]) -> None:
             for data in encoded:
-                self._produce(
-                    self.topics[EVENTS], partition, run_id, data, [(RECORD_HEADER, b"event")]
-                )
+                self._produce(self.topics[EVENTS], partition, run_id, data, writer_headers)
             self.metrics.events_appended.inc(len(envelopes))
 
         store = PartitionStore(partition, path, sink, clock=self.clock)
@@ -468,6 +489,8 @@ class Processor:
             [clients.TopicPartition(topic, owned.partition) for topic in self.command_topics]
         )
         self._begin()
+        for held in self._held_results.pop(owned.partition, []):
+            await self._step_result(*held)
         for run_id in owned.store.running_runs():
             await self._guard(owned, run_id, owned.engine.drive(run_id))
         await self._drain(owned, None)
@@ -725,7 +748,7 @@ class Processor:
     def _dispatch(self, owned: Owned, run_id: str, steps: list[tuple[str, int]]) -> None:
         for step_id, attempt in steps:
             item = (run_id, step_id, attempt)
-            if item not in owned.inflight and item not in owned.outbox:
+            if (owned.partition, *item) not in self._inflight and item not in owned.outbox:
                 owned.outbox.append(item)
 
     def _start_step(self, owned: Owned, run_id: str, step_id: str, attempt: int) -> None:
@@ -734,30 +757,52 @@ class Processor:
         task.add_done_callback(self._tasks.discard)
 
     async def _run_step(self, owned: Owned, run_id: str, step_id: str, attempt: int) -> None:
-        async with self._step_slots:
-            if self._owned.get(owned.partition) is not owned:
-                return
-            try:
+        key = (owned.partition, run_id, step_id, attempt)
+        try:
+            async with self._step_slots:
+                if self._owned.get(owned.partition) is not owned:
+                    self._inflight.discard(key)
+                    return
                 state = owned.store.state(run_id)
-            except Exception:  # the partition was revoked and its store closed meanwhile
-                if self._owned.get(owned.partition) is owned:
-                    raise
-                return
-            runtime = owned.engine.runtimes[state.spec.runtime_build_id]
-            in_thread = not self.settings.inline_sync_steps
-            outcome = await call_step(runtime, state, step_id, attempt, in_thread)
-        self._results.append((owned, run_id, step_id, attempt, outcome))
+                runtime = owned.engine.runtimes[state.spec.runtime_build_id]
+                outcome = await call_step(
+                    runtime,
+                    state,
+                    step_id,
+                    attempt,
+                    not self.settings.inline_sync_steps,
+                    # Asked in the step's thread right before the handler starts: a processor
+                    # that lost the partition never starts an attempt the new owner re-runs.
+                    gate=lambda: self._owned.get(owned.partition) is owned,
+                    executor=self._executor,
+                )
+        except Exception:  # the partition was revoked and its store closed meanwhile
+            self._inflight.discard(key)
+            if self._owned.get(owned.partition) is owned:
+                raise
+            return
+        if outcome is None:
+            self._inflight.discard(key)
+            self.metrics.step_attempts.labels(outcome="not_started").inc()
+            return
+        self._results.append((owned.partition, run_id, step_id, attempt, outcome))
 
     async def _step_result(
         self,
-        owned: Owned,
+        partition: int,
         run_id: str,
         step_id: str,
         attempt: int,
         outcome: tuple[Any, str | None, bool],
     ) -> None:
-        owned.inflight.discard((run_id, step_id, attempt))
-        if self._owned.get(owned.partition) is not owned:
+        owned = self._owned.get(partition)
+        if owned is not None and owned.restoring:
+            self._held_results.setdefault(partition, []).append(
+                (partition, run_id, step_id, attempt, outcome)
+            )
+            return
+        self._inflight.discard((partition, run_id, step_id, attempt))
+        if owned is None:
             self.metrics.step_attempts.labels(outcome="dropped").inc()
             return
         output, error, retryable = outcome
@@ -805,6 +850,9 @@ class Processor:
                     wakeup.run_id,
                     codec.encode_message(fire),
                 )
+
+
+_StepResult = tuple[int, str, str, int, tuple[Any, str | None, bool]]
 
 
 class _Abort(Exception):

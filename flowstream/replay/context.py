@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
 
@@ -44,7 +44,13 @@ from flowstream.model.snapshot import HookStatus, StepStatus, WaitStatus
 from flowstream.model.spec import RetryPolicy, WorkflowSpec
 from flowstream.replay.state import CancellationState, RunState
 
-__all__ = ["StepInvocation", "WorkflowContext", "WorkflowInvocation", "decode_as"]
+__all__ = [
+    "HistoryView",
+    "StepInvocation",
+    "WorkflowContext",
+    "WorkflowInvocation",
+    "decode_as",
+]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -63,6 +69,40 @@ def decode_as(model: type[M], value: JSON, what: str) -> M:
 def step_idempotency_key(run_id: str, step_id: str) -> str:
     """Stable across attempts of one step: hand it to the external system."""
     return f"flow:{run_id}:{step_id}"
+
+
+class HistoryView(Sequence[EventEnvelope]):
+    """A read-only view of the first ``length`` events of a history (O(1) to make).
+
+    Histories only grow, so the view stays exactly what it was when the invocation was built.
+    """
+
+    __slots__ = ("_events", "_length")
+
+    def __init__(self, events: Sequence[EventEnvelope], length: int) -> None:
+        self._events = events
+        self._length = length
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> EventEnvelope: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[EventEnvelope]: ...
+
+    def __getitem__(self, index: int | slice) -> EventEnvelope | Sequence[EventEnvelope]:
+        if isinstance(index, slice):
+            return tuple(self._events[: self._length])[index]
+        if index < 0:
+            index += self._length
+        if not 0 <= index < self._length:
+            raise IndexError("history index out of range")
+        return self._events[index]
+
+    def __repr__(self) -> str:
+        return f"HistoryView({self._length} events)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,12 +136,17 @@ class StepInvocation:
 
 
 class WorkflowContext:
-    """Replay-safe read helpers and command builders over one run's history."""
+    """Replay-safe read helpers and command builders over one run's history.
 
-    __slots__ = ("_state",)
+    Use a context only while ``run_workflow`` runs: ``history`` stays the history the invocation
+    was given, but the read helpers look at the run's projection, which later cycles advance.
+    """
+
+    __slots__ = ("_length", "_state")
 
     def __init__(self, state: RunState) -> None:
         self._state = state
+        self._length = state.last_sequence
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -119,7 +164,7 @@ class WorkflowContext:
 
     @property
     def history(self) -> Sequence[EventEnvelope]:
-        return self._state.history
+        return HistoryView(self._state.history, self._length)
 
     def input_as(self, model: type[M]) -> M:
         return decode_as(model, self._state.input, f"input of run {self.run_id}")

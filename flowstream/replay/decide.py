@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from flowstream.errors import InvalidTransitionError, NonDeterministicError
-from flowstream.model.base import JSON, canonical_json, validate_identifier
+from flowstream.model.base import JSON, canonical_json, json_equal, validate_identifier
 from flowstream.model.commands import (
     MAX_BATCH_SIZE,
     CancelCommand,
@@ -254,7 +254,7 @@ def _check_step(state: RunState, command: StepCommand) -> None:
         return
     if step.step_name != command.step_name:
         raise _differs(state, f"step {command.step_id} name", step.step_name, command.step_name)
-    if step.input != command.input:
+    if not json_equal(step.input, command.input):
         raise _differs(state, f"step {command.step_id} input", step.input, command.input)
     if step.retry != command.retry:
         raise _differs(
@@ -263,6 +263,18 @@ def _check_step(state: RunState, command: StepCommand) -> None:
             step.retry.model_dump(mode="json"),
             command.retry.model_dump(mode="json"),
         )
+
+
+def _check_retry_deadline(state: RunState, command: StepCommand, now: datetime) -> None:
+    """A delayed retry's deadline must be representable, checked before the step exists."""
+    retry = command.retry
+    longest = retry.max_delay_ms if retry.backoff.value == "exponential" else retry.delay_ms
+    try:
+        now + timedelta(milliseconds=longest)
+    except OverflowError:
+        raise _no_progress(
+            state, f"retry delay {longest}ms cannot be represented as a UTC deadline"
+        ) from None
 
 
 def _schedule(
@@ -277,6 +289,8 @@ def _schedule(
         raise _no_progress(state, "schedule_steps needs unique step ids")
     for command in commands:
         _check_step(state, command)
+        if command.step_id not in state.steps:
+            _check_retry_deadline(state, command, now)
 
     terminal = (StepStatus.COMPLETED, StepStatus.FAILED, StepStatus.CANCELLED)
     existing = [state.steps.get(i) for i in ids]
@@ -392,7 +406,7 @@ def _create_hook(state: RunState, command: CreateHookCommand) -> Decision:
             f"hook {hook_id} token differs: history token and replay token are different "
             "(values redacted)",
         )
-    if hook.metadata != command.metadata:
+    if not json_equal(hook.metadata, command.metadata):
         raise _differs(state, f"hook {hook_id} metadata", hook.metadata, command.metadata)
     if hook.status is HookStatus.ACTIVE:
         return Decision(suspend=True)
@@ -421,8 +435,11 @@ def _children(state: RunState, children: Sequence[ChildWorkflowCommand]) -> Deci
         )
     for child in known:
         durable = state.children[child.child_id]
-        history = (durable.spec, durable.input, durable.cancellation_policy)
-        if history != (child.spec, child.input, child.cancellation_policy):
+        if (
+            durable.spec != child.spec
+            or not json_equal(durable.input, child.input)
+            or durable.cancellation_policy != child.cancellation_policy
+        ):
             raise _differs(
                 state,
                 f"child workflow {child.child_id}",

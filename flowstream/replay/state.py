@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 from flowstream.errors import CorruptHistoryError, InvalidTransitionError
 from flowstream.model.base import JSON
 from flowstream.model.events import (
+    EVENT_SCHEMA_VERSION,
     ChildCancellationPolicy,
     ChildWorkflowRequested,
     ChildWorkflowResolved,
@@ -191,7 +192,9 @@ class RunState:
     def from_history(cls, envelopes: Iterable[EventEnvelope]) -> RunState:
         """Project a whole history; any violation raises ``CorruptHistoryError``."""
         state: RunState | None = None
+        run_id: str | None = None
         for envelope in envelopes:
+            run_id = run_id or envelope.run_id
             try:
                 if state is None:
                     state = cls.first(envelope)
@@ -199,8 +202,7 @@ class RunState:
                     state.apply(envelope)
             except InvalidTransitionError as exc:
                 raise CorruptHistoryError(
-                    f"corrupt history at sequence {envelope.sequence}: {exc}",
-                    run_id=envelope.run_id,
+                    f"corrupt history at sequence {envelope.sequence}: {exc}", run_id=run_id
                 ) from exc
         if state is None:
             raise CorruptHistoryError("history is empty")
@@ -209,6 +211,11 @@ class RunState:
     @classmethod
     def first(cls, envelope: EventEnvelope) -> RunState:
         event = envelope.event
+        if envelope.schema_version != EVENT_SCHEMA_VERSION:
+            raise InvalidTransitionError(
+                f"event schema version {envelope.schema_version} is not supported",
+                run_id=envelope.run_id,
+            )
         if envelope.sequence != 1 or not isinstance(event, RunCreated):
             raise InvalidTransitionError(
                 "a history must start with run_created at sequence 1", run_id=envelope.run_id
@@ -312,6 +319,8 @@ class RunState:
         """Advance by one committed event, or raise ``InvalidTransitionError``."""
         if envelope.run_id != self.run_id:
             self._reject(f"event for run {envelope.run_id} in the history of {self.run_id}")
+        if envelope.schema_version != EVENT_SCHEMA_VERSION:
+            self._reject(f"event schema version {envelope.schema_version} is not supported")
         if envelope.sequence != self.last_sequence + 1:
             self._reject(f"sequence {envelope.sequence} does not follow {self.last_sequence}")
         event = envelope.event
@@ -390,6 +399,8 @@ class RunState:
         self.waiting_signal_waits.clear()
 
     def _on_cancelled(self, event: RunCancelled, envelope: EventEnvelope) -> None:
+        if self.status is RunStatus.PENDING:  # cancelled before it ever started
+            self.status = RunStatus.RUNNING
         self._terminal(TerminalOutcome(type="cancelled", error=event.reason), RunStatus.CANCELLED)
         self.error = event.reason
 

@@ -21,6 +21,7 @@ Rules every store keeps (the conformance suite in ``tests/stores`` proves each o
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from abc import ABC, abstractmethod
@@ -40,6 +41,8 @@ from flowstream.model.snapshot import HookStatus
 from flowstream.replay.state import RunState, Wakeup
 
 __all__ = ["MAX_EVENT_BYTES", "AppendResult", "EventStore", "IndexChanges", "utc_now"]
+
+LOG = logging.getLogger("flowstream.store")
 
 #: Largest accepted event, as encoded JSON.
 MAX_EVENT_BYTES = 1024 * 1024
@@ -127,9 +130,12 @@ class EventStore(ABC):
             except BaseException:
                 self._states.pop(run_id, None)
                 raise
-            self._states[run_id] = state
+            self._remember(run_id, state)
             for listener in self._listeners:
-                listener(envelopes)
+                try:
+                    listener(envelopes)
+                except Exception:  # the events are committed; a listener cannot undo that
+                    LOG.exception("a store listener failed on run %s", run_id)
             return envelopes
 
     def read(self, run_id: str) -> list[EventEnvelope]:

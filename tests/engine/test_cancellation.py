@@ -212,11 +212,6 @@ def test_force_cancel_frees_the_hook_token(store: EventStore, clock: FakeClock) 
     assert run(engine.resume_hook_by_token("cancel-test-token", 1)).run_id == "r2"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: force_cancel of a created-but-not-started run appends run_cancelled from "
-    "Pending, which RunState._terminal (replay/state.py) rejects as 'before run_started'",
-)
 def test_force_cancel_of_a_pending_run(store: EventStore, clock: FakeClock) -> None:
     runtime = make_runtime(parked("hook"))
     engine = FlowEngine(store, runtime, clock=clock)

@@ -201,16 +201,7 @@ def test_an_abandoned_child_keeps_running_when_its_parent_is_cancelled(
 @pytest.mark.parametrize(
     ("policy", "child_status"),
     [
-        pytest.param(
-            ChildCancellationPolicy.REQUEST_CANCELLATION,
-            RunStatus.CANCELLED,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="BUG: force_cancel (engine.py) cancels the child, whose _after_terminal "
-                "drives the parent: the parent's workflow code runs and completes it, then "
-                "force_cancel appends at a terminal run and raises InvalidTransitionError",
-            ),
-        ),
+        pytest.param(ChildCancellationPolicy.REQUEST_CANCELLATION, RunStatus.CANCELLED),
         (ABANDON, RunStatus.SUSPENDED),
     ],
 )
@@ -269,11 +260,6 @@ def test_a_lost_child_creation_is_repaired_once(store: EventStore, clock: FakeCl
     assert len(runtime.workflow_calls_of("p1")) == 1  # only after the child resolved
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: FlowEngine.force_cancel (engine.py) recurses into a requested child whose run "
-    "was never created and raises RunNotFoundError instead of cancelling the parent",
-)
 def test_force_cancel_with_a_lost_child_creation_still_cancels(
     store: EventStore, clock: FakeClock
 ) -> None:

@@ -166,11 +166,6 @@ def test_the_successor_id_is_deterministic(clock: FakeClock) -> None:
     assert ids[0] == ids[1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: FlowEngine._ensure_successor/_leaf/continuation_chain (engine.py) follow a "
-    "successor id without checking that its run_created matches the link (spec, input, parent)",
-)
 def test_a_successor_that_does_not_match_its_link_is_reported(
     store: EventStore, clock: FakeClock
 ) -> None:

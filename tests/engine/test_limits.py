@@ -52,11 +52,19 @@ def test_an_oversized_workflow_output_appends_nothing(store: EventStore, clock: 
     assert engine.snapshot("r1").status is RunStatus.RUNNING
 
 
-def test_an_oversized_step_output_is_not_committed(store: EventStore, clock: FakeClock) -> None:
+def test_an_oversized_step_output_fails_the_step_for_good(
+    store: EventStore, clock: FakeClock
+) -> None:
+    """The output is never committed, and the attempt is not retried into a crash loop."""
     engine = make_engine(store, clock)
-    with pytest.raises(PayloadTooLargeError):
-        run(engine.start("r1", SPEC, "big-step"))
-    assert event_types(store.read("r1"))[-1] == "step_started"
+    snapshot = run(engine.start("r1", SPEC, "big-step"))
+    history = store.read("r1")
+    kinds = event_types(history)
+    assert "step_completed" not in kinds
+    assert kinds.count("step_started") == 1
+    failure = next(e.event for e in history if e.event.type == "step_non_retryable")
+    assert "exceeds the limit" in failure.error  # type: ignore[union-attr]
+    assert snapshot.status is RunStatus.FAILED
 
 
 def test_oversized_signal_and_hook_payloads_append_nothing(

@@ -356,12 +356,6 @@ def test_typed_decoding_failures_are_serialization_errors(
     assert run(FlowEngine(store, ok, clock=clock).start("r2", SPEC)).output == "rc-1"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a step handler returning a non-JSON value makes StepCompleted(...) raise "
-    "pydantic.ValidationError out of drive (engine.py _record_outcome -> step_outcome_events); "
-    "it should be a FlowError (SerializationError) or a recorded step failure",
-)
 def test_a_non_json_step_output_is_reported_as_a_flow_error(
     store: EventStore, clock: FakeClock
 ) -> None:
@@ -374,12 +368,6 @@ def test_a_non_json_step_output_is_reported_as_a_flow_error(
         assert snapshot.steps["s"].status is StepStatus.FAILED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a retry delay that cannot be represented as a UTC deadline is only noticed "
-    "after the handler failed (OverflowError in decide.step_outcome_events), leaving the step "
-    "running; it should be an InvalidTransitionError before step_created",
-)
 def test_an_unrepresentable_retry_delay_is_rejected_before_the_step_runs(
     store: EventStore, clock: FakeClock
 ) -> None:

@@ -32,6 +32,7 @@ def _log(invocation: StepInvocation) -> None:
                 "attempt": invocation.attempt,
                 "key": invocation.idempotency_key,
                 "pid": os.getpid(),
+                "started": time.time(),
                 "build": os.environ.get("FLOWSTREAM_TEST_BUILD", ""),
             }
         )

@@ -109,9 +109,101 @@ def step_runs(step_log: Path) -> Counter[tuple[str, str]]:
     return counts
 
 
+def step_log(step_log: Path) -> list[dict[str, object]]:
+    if not step_log.exists():
+        return []
+    return [orjson.loads(line) for line in step_log.read_bytes().splitlines()]
+
+
+def raw_events(bootstrap: str, prefix: str, partitions: int) -> list[tuple[str, int, str, str]]:
+    """Every committed event record: (run id, sequence, event type, writer), read with plain
+    fastavro-free decoding through the codec, from the start of every partition."""
+    from flowstream import codec
+    from flowstream.kafka import clients
+
+    consumer = clients.new_consumer(
+        bootstrap, f"{prefix}-raw-reader", {"enable.partition.eof": True}
+    )
+    topic = f"{prefix}.events"
+    consumer.assign([clients.TopicPartition(topic, p, 0) for p in range(partitions)])
+    ends = {}
+    for p in range(partitions):
+        ends[p] = consumer.get_watermark_offsets(
+            clients.TopicPartition(topic, p), timeout=10, cached=False
+        )[1]
+    found: list[tuple[str, int, str, str]] = []
+    eof: set[int] = set()
+    deadline = time.monotonic() + 60
+    while len(eof) < partitions and time.monotonic() < deadline:
+        for message in consumer.consume(500, 0.2):
+            error = message.error()
+            if error is not None:
+                partition = message.partition()
+                at_end = message.offset() >= ends[partition] or ends[partition] == 0
+                if error.code() == clients.KafkaError._PARTITION_EOF and at_end:
+                    eof.add(partition)
+                continue
+            headers = dict(message.headers() or ())
+            if headers.get("flowstream-record", b"event") != b"event":
+                continue
+            envelope = codec.decode_event(message.value())
+            found.append(
+                (
+                    envelope.run_id,
+                    envelope.sequence,
+                    envelope.event.type,
+                    headers.get("flowstream-writer", b"").decode(),
+                )
+            )
+    consumer.close()
+    return found
+
+
+def assert_no_duplicate_sequences(records: list[tuple[str, int, str, str]]) -> None:
+    by_run: dict[str, list[int]] = {}
+    for run_id, sequence, _, _ in records:
+        by_run.setdefault(run_id, []).append(sequence)
+    for run_id, sequences in by_run.items():
+        assert sequences == list(range(1, len(sequences) + 1)), (run_id, sequences)
+
+
 def assert_contiguous(history: list[EventEnvelope]) -> None:
     sequences = [e.sequence for e in history]
     assert sequences == list(range(1, len(history) + 1)), sequences
+
+
+class Load:
+    """Starts runs at a steady rate from a background thread until stopped."""
+
+    def __init__(
+        self, client: object, spec: object, prefix: str, rate: float, options: dict[str, object]
+    ) -> None:
+        import threading
+
+        self.run_ids: list[str] = []
+        self._stop = threading.Event()
+        self._client = client
+        self._spec = spec
+        self._prefix = prefix
+        self._interval = 1 / rate
+        self._options = options
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        index = 0
+        while not self._stop.is_set():
+            run_id = f"{self._prefix}-{index:04d}"
+            self._client.start(run_id, self._spec, self._options)  # type: ignore[attr-defined]
+            self._client.flush()  # type: ignore[attr-defined]
+            self.run_ids.append(run_id)
+            index += 1
+            time.sleep(self._interval)
+
+    def stop(self) -> list[str]:
+        self._stop.set()
+        self._thread.join(10)
+        return list(self.run_ids)
 
 
 def wait_until(predicate: object, timeout: float, message: str) -> None:

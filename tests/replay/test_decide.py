@@ -94,11 +94,6 @@ def test_a_drifted_step_input_is_nondeterministic(
     assert "history=" in str(caught.value) and "replay=" in str(caught.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: decide._check_step (replay/decide.py) and the other identity checks compare JSON "
-    "with Python ==, where True == 1 and False == 0, so a bool/number drift is accepted",
-)
 @pytest.mark.parametrize(
     ("history_input", "replay_input"),
     [({"qty": 1}, {"qty": True}), ({"flag": False}, {"flag": 0})],

@@ -448,11 +448,6 @@ def test_corrupt_stored_history_is_reported_on_read(
         store.append_if_sequence("bad", 2, [StepCreated(step_id="s", step_name="n")])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: RunState.from_history (replay/state.py:203) names the run of the offending "
-    "envelope, not the run that was read",
-)
 def test_corrupt_history_error_names_the_run_that_was_read(
     stores: StoreFactory, store: EventStore
 ) -> None:
@@ -525,11 +520,6 @@ def test_racing_threads_at_one_sequence_produce_exactly_one_winner(store: EventS
     assert len(store.state("r1").steps) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: EventEnvelope.schema_version (model/events.py) accepts any integer, so a history "
-    "written with an unknown future schema version is read and replayed as if it were v1",
-)
 def test_an_unknown_event_schema_version_is_not_read_as_v1(
     stores: StoreFactory, store: EventStore
 ) -> None:
@@ -570,12 +560,6 @@ def test_listeners_see_each_committed_batch_once(store: EventStore) -> None:
     assert seen == [[1, 2], [3]]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: EventStore.append_if_sequence (stores/base.py) calls listeners inside the "
-    "append, so a failing listener turns an already committed append into an error for the "
-    "writer (which then cannot tell whether its events were stored)",
-)
 def test_a_failing_listener_does_not_fail_a_committed_append(store: EventStore) -> None:
     def broken(batch: object) -> None:
         raise RuntimeError("observer crashed")

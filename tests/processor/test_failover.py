@@ -1,0 +1,188 @@
+"""Failure tests against the real broker: SIGKILL, SIGSTOP (zombie fencing), a lost state
+directory, timers across a failover. Each asserts that every run's committed history is
+contiguous with no duplicate sequence and that every started run reaches its outcome."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from flowstream.client import FlowClient
+from flowstream.settings import Settings
+from tests.processor.apps import SPEC
+from tests.processor.harness import (
+    Load,
+    Worker,
+    apply_topics,
+    assert_no_duplicate_sequences,
+    raw_events,
+    step_log,
+)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
+
+
+class Cluster:
+    def __init__(self, bootstrap: str, prefix: str, root: Path) -> None:
+        self.bootstrap = bootstrap
+        self.prefix = prefix
+        self.root = root
+        self.step_log = root / "steps.jsonl"
+        self.workers: dict[str, Worker] = {}
+        apply_topics(bootstrap, prefix)
+        self.client = FlowClient(
+            Settings(bootstrap=bootstrap, topic_prefix=prefix, group=f"{prefix}-client")
+        )
+
+    def start(self, name: str) -> Worker:
+        worker = Worker(
+            name,
+            bootstrap=self.bootstrap,
+            prefix=self.prefix,
+            group=f"{self.prefix}-group",
+            state_dir=self.root / "state",
+            step_log=self.step_log,
+        )
+        self.workers[name] = worker
+        return worker
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {n}\n{w.output()[-1500:]}" for n, w in self.workers.items())
+
+    def close(self) -> None:
+        self.client.close()
+        for worker in self.workers.values():
+            worker.stop()
+
+
+@pytest.fixture
+def cluster(kafka_bootstrap: str, unique_prefix: str, tmp_path: Path) -> Iterator[Cluster]:
+    group = Cluster(kafka_bootstrap, unique_prefix, tmp_path)
+    try:
+        yield group
+    finally:
+        group.close()
+
+
+def _check_invariants(cluster: Cluster, run_ids: list[str]) -> list[tuple[str, int, str, str]]:
+    records = raw_events(cluster.bootstrap, cluster.prefix, cluster.client.partitions)
+    assert_no_duplicate_sequences(records)
+    started = {r for r, s, t, _ in records if t == "run_created"}
+    assert set(run_ids) <= started
+    return records
+
+
+def _committed_steps_never_rerun(cluster: Cluster, run_ids: list[str]) -> None:
+    """Every execution of a step began before its step_completed was committed."""
+    executions = step_log(cluster.step_log)
+    for run_id in run_ids:
+        completed = {
+            e.event.step_id: e.timestamp  # type: ignore[union-attr]
+            for e in cluster.client.history(run_id)
+            if e.event.type == "step_completed"
+        }
+        for entry in executions:
+            if entry["run"] != run_id:
+                continue
+            began = datetime.fromtimestamp(
+                float(entry["started"]), tz=completed[entry["step"]].tzinfo
+            )  # type: ignore[arg-type]
+            if began > completed[str(entry["step"])]:
+                mine = [e for e in executions if e["run"] == run_id]
+                records = [
+                    r for r in raw_events(cluster.bootstrap, cluster.prefix, 8) if r[0] == run_id
+                ]
+                history = [
+                    (e.sequence, e.event.type, e.timestamp.isoformat())
+                    for e in cluster.client.history(run_id)
+                ]
+                pytest.fail(f"{run_id}: {mine}\n{records}\n{history}\n{cluster.logs()}")
+
+
+def test_sigkill_one_of_three_processors_under_load(cluster: Cluster) -> None:
+    for name in ("w1", "w2", "w3"):
+        cluster.start(name)
+    load = Load(cluster.client, SPEC, "kill", rate=25, options={"step_sleep_ms": 300})
+    time.sleep(6)
+    cluster.workers["w2"].kill()
+    time.sleep(4)
+    run_ids = load.stop()
+    assert len(run_ids) > 150
+    results = cluster.client.wait_all(run_ids, timeout=180)
+    assert {r.status.value for r in results.values()} == {"completed"}, cluster.logs()
+    _check_invariants(cluster, run_ids)
+    _committed_steps_never_rerun(cluster, run_ids)
+
+
+def test_paused_processor_never_makes_its_pending_events_visible(cluster: Cluster) -> None:
+    zombie = cluster.start("zombie")
+    load = Load(cluster.client, SPEC, "stop", rate=25, options={"step_sleep_ms": 300})
+    time.sleep(5)  # the zombie owns every partition and has steps and transactions in flight
+    zombie.signal(signal.SIGSTOP)
+    paused_at = time.time()
+    cluster.start("heir")
+    time.sleep(3)
+    run_ids = load.stop()
+    # The heir takes the partitions once the zombie's session expires, and finishes the runs.
+    results = cluster.client.wait_all(run_ids, timeout=120)
+    assert {r.status.value for r in results.values()} == {"completed"}, cluster.logs()
+    before_resume = raw_events(cluster.bootstrap, cluster.prefix, cluster.client.partitions)
+    zombie.signal(signal.SIGCONT)
+    time.sleep(8)  # give the zombie every chance to commit what it held
+    after_resume = _check_invariants(cluster, run_ids)
+    assert sorted(after_resume) == sorted(before_resume), "the zombie made events visible"
+    heir_events = [r for r in after_resume if r[3] == "heir"]
+    assert heir_events, "the heir appended nothing: the test did not exercise a takeover"
+    assert paused_at > 0
+    # The zombie learns it was fenced and stops, or rejoins as a fresh member; it never
+    # crash-loops silently.
+    zombie_log = zombie.output()
+    assert "Traceback" not in zombie_log, zombie_log[-3000:]
+    assert zombie.process.poll() in (None, 3), zombie_log[-3000:]
+
+
+def test_restart_with_deleted_state_rebuilds_from_the_events_topic(cluster: Cluster) -> None:
+    worker = cluster.start("w1")
+    done = [f"before-{i}" for i in range(5)]
+    for run_id in done:
+        cluster.client.start(run_id, SPEC, {})
+    cluster.client.start("waiting", SPEC, {"signal": True})
+    cluster.client.flush()
+    cluster.client.wait_all(done, timeout=60)
+    assert worker.stop() == 0
+    shutil.rmtree(cluster.root / "state" / "w1")
+
+    cluster.start("w1-again")
+    cluster.client.start(done[0], SPEC, {})  # a repeated start must not create a second run
+    cluster.client.signal("waiting", "go-1", "go", {"after": "restore"})
+    cluster.client.flush()
+    result = cluster.client.wait("waiting", timeout=90)
+    assert result.status.value == "completed", cluster.logs()
+    assert result.output["go"] == {"after": "restore"}  # type: ignore[index]
+    records = _check_invariants(cluster, [*done, "waiting"])
+    assert sum(1 for r in records if r[0] == done[0] and r[2] == "run_created") == 1
+    assert sum(1 for r in records if r[0] == done[0]) == len(cluster.client.history(done[0]))
+
+
+def test_timers_due_during_a_failover_fire_once_after_takeover(cluster: Cluster) -> None:
+    first = cluster.start("t1")
+    run_ids = [f"timer-{i:02d}" for i in range(12)]
+    for run_id in run_ids:
+        cluster.client.start(run_id, SPEC, {"timer_ms": 2500})
+    cluster.client.flush()
+    time.sleep(2)  # every run is now suspended on its timer, held by t1
+    first.kill()
+    cluster.start("t2")
+    results = cluster.client.wait_all(run_ids, timeout=120)
+    assert {r.status.value for r in results.values()} == {"completed"}, cluster.logs()
+    records = _check_invariants(cluster, run_ids)
+    for run_id in run_ids:
+        kinds = [t for r, _, t, _ in records if r == run_id]
+        assert kinds.count("wait_created") == 1
+        assert kinds.count("wait_completed") == 1
