@@ -19,6 +19,7 @@ _COMMAND_MODULES = (
     "flowstream.cli.devkafka",
     "flowstream.cli.topics",
     "flowstream.cli.worker",
+    "flowstream.cli.kafka",
 )
 
 

@@ -1,0 +1,347 @@
+"""``flowstream kafka start|wait|status|history|signal|hook|cancel``: runs on a Kafka deployment.
+
+The embedded commands (``flowstream status``, ``signal``… of :mod:`flowstream.cli.local`) execute
+a run inside this process against a RocksDB directory. These only *send* a command to the run's
+partition of a command topic, for whichever processor owns it to apply, and read runs back from
+the events topic. Same verbs, another meaning and other options (``--bootstrap``, ``--prefix``,
+``--topology`` instead of ``--data``, ``--app``), hence a group of their own.
+
+* Before anything is sent or read, the topics involved must exist with the topology's partition
+  count: a command routed with another count would land on a partition that does not own its run.
+* Starting is idempotent by run id and signalling by signal id (processors enforce both), so any
+  command may be sent again with the same ids.
+* ``hook --token-stdin`` reads a hook token from standard input (without echo on a terminal). No
+  option takes a token and nothing prints one. ``--run`` only routes the command to the partition
+  that owns the run; the processor finds the hook by the token.
+* Standard output carries the answer (a confirmation, a snapshot, history lines, a run's output),
+  standard error the rest. Exit codes: 0 done; 1 error (broker, topics, unknown run, time out);
+  2 bad usage; 3 an awaited run ended without completing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import importlib
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import SecretStr, ValidationError
+
+from flowstream.client import FlowClient
+from flowstream.errors import FlowError
+from flowstream.kafka import clients
+from flowstream.model.base import JSON
+from flowstream.model.messages import ResumeHook
+from flowstream.model.snapshot import RunStatus, WorkflowRunSnapshot
+from flowstream.model.spec import WorkflowSpec
+from flowstream.settings import Settings
+from flowstream.topology import (
+    CMD_CANCEL,
+    CMD_HOOK,
+    CMD_SIGNAL,
+    CMD_START,
+    EVENTS,
+    Topology,
+    TopologyError,
+    load_topology,
+)
+
+__all__ = ["register"]
+
+#: The awaited run ended failed, cancelled or continued as new.
+EXIT_NOT_COMPLETED = 3
+
+
+class CommandClient(FlowClient):
+    """A ``FlowClient`` that can also resume a hook by its token."""
+
+    def resume_hook_by_token(self, token: str, payload: JSON = None, *, route: str) -> None:
+        # The command names no run (a token addresses its hook alone); the key routes it to the
+        # partition of the run that owns the hook.
+        self._send(CMD_HOOK, route, ResumeHook(token=SecretStr(token), payload=payload))
+
+
+_Work = Callable[[argparse.Namespace, CommandClient], int]
+
+
+_DESCRIPTION = (
+    "Send start, signal, hook and cancel commands to the processors of a Kafka deployment "
+    "and read runs back from its events topic. Unlike the embedded commands (flowstream "
+    "status, signal, ...), nothing runs here: the processor that owns the run's partition "
+    "applies each command. Starting is idempotent by run id and signalling by signal id. "
+    "Exit codes: 0 done; 1 error; 2 bad usage; 3 an awaited run ended without completing."
+)
+
+
+class _UsageError(Exception):
+    """Arguments that parse but do not make sense together (exit 2)."""
+
+
+def register(subparsers: Any) -> None:
+    text = "send commands to a Kafka deployment and read runs from its events topic"
+    parser = subparsers.add_parser("kafka", help=text, description=_DESCRIPTION)
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--bootstrap",
+        help="Kafka bootstrap servers (FLOWSTREAM_BOOTSTRAP, default 127.0.0.1:19092)",
+    )
+    common.add_argument(
+        "--prefix", dest="topic_prefix", help="topic prefix (FLOWSTREAM_TOPIC_PREFIX)"
+    )
+    common.add_argument(
+        "--topology",
+        type=Path,
+        help="topology file (default $FLOWSTREAM_TOPOLOGY or topology/topics.toml)",
+    )
+    common.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        help="seconds to wait for the brokers, a read or an awaited result (default 30)",
+    )
+
+    def add(name: str, help: str, work: _Work, suffixes: Iterable[str]) -> argparse.ArgumentParser:
+        verb: argparse.ArgumentParser = verbs.add_parser(
+            name, help=help, description=help, parents=[common]
+        )
+        verb.set_defaults(handler=_handler(work, tuple(suffixes)))
+        return verb
+
+    start = add("start", "start a run (idempotent by run id)", _start, (CMD_START, EVENTS))
+    start.add_argument("run_id")
+    start.add_argument(
+        "--workflow",
+        required=True,
+        metavar="MODULE[:ATTR]",
+        help="the WorkflowSpec to pin the run to (ATTR defaults to SPEC)",
+    )
+    start.add_argument("--input", default="null", help="JSON input, or @FILE to read it from")
+    start.add_argument(
+        "--wait", action="store_true", help="wait until the run ends and print its output"
+    )
+    wait = add("wait", "wait until a run ends and print its output", _wait, (EVENTS,))
+    wait.add_argument("run_id")
+    status = add("status", "show a run's snapshot, read from the events topic", _status, (EVENTS,))
+    status.add_argument("run_id")
+    history = add("history", "list a run's committed events", _history, (EVENTS,))
+    history.add_argument("run_id")
+
+    signal = add("signal", "send a signal to a run (idempotent by --id)", _signal, (CMD_SIGNAL,))
+    signal.add_argument("run_id")
+    signal.add_argument("name")
+    signal.add_argument("--id", dest="signal_id", required=True, help="idempotency id")
+    signal.add_argument("--payload", default="null", help="JSON payload, or @FILE")
+
+    hook = add(
+        "hook", "resume (or --dispose) a hook by --run and --hook, or by token", _hook, (CMD_HOOK,)
+    )
+    hook.add_argument("--run", dest="run_id", required=True, help="the run that owns the hook")
+    hook.add_argument("--hook", dest="hook_id", help="the hook id (not with --token-stdin)")
+    hook.add_argument(
+        "--token-stdin",
+        action="store_true",
+        help="read the hook's token from standard input instead of naming the hook",
+    )
+    hook.add_argument("--payload", help="JSON payload, or @FILE (default null)")
+    hook.add_argument("--dispose", action="store_true", help="dispose of the hook, no payload")
+
+    cancel = add("cancel", "request cancellation of a run (or --force it)", _cancel, (CMD_CANCEL,))
+    cancel.add_argument("run_id")
+    cancel.add_argument("--reason")
+    cancel.add_argument("--force", action="store_true", help="end it without workflow code")
+
+
+# -- plumbing -----------------------------------------------------------------------------
+
+
+def _handler(work: _Work, suffixes: tuple[str, ...]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        prefix = f"flowstream kafka {args.verb}: error:"
+        try:
+            settings = Settings.from_env(bootstrap=args.bootstrap, topic_prefix=args.topic_prefix)
+            topology = load_topology(args.topology)
+            _require_topics(settings, topology, suffixes, args.timeout)
+            return work(args, CommandClient(settings, topology=topology))
+        except _UsageError as exc:
+            print(f"{prefix} {exc}", file=sys.stderr)
+            return 2
+        except ValidationError as exc:
+            print(f"{prefix} {_problems(exc)}", file=sys.stderr)
+            return 2
+        except (FlowError, TimeoutError) as exc:
+            print(f"{prefix} {exc}", file=sys.stderr)
+            return 1
+        except clients.KafkaException as exc:
+            print(f"{prefix} Kafka at {args.bootstrap or 'the bootstrap'}: {exc}", file=sys.stderr)
+            return 1
+
+    return run
+
+
+def _require_topics(
+    settings: Settings, topology: Topology, suffixes: Iterable[str], timeout: float
+) -> None:
+    """The topics exist with the topology's partition count, or a ``TopologyError`` says why."""
+    admin = clients.new_admin(settings.bootstrap)
+    try:
+        metadata = admin.list_topics(timeout=timeout)
+    except clients.KafkaException:
+        raise TopologyError(
+            f"no Kafka broker answered at {settings.bootstrap} within {timeout:g} s "
+            "(set --bootstrap or FLOWSTREAM_BOOTSTRAP)"
+        ) from None
+    for suffix in suffixes:
+        name = topology.name(suffix, settings.topic_prefix)
+        topic = metadata.topics.get(name)
+        if topic is None or topic.error is not None:
+            raise TopologyError(
+                f"topic {name} does not exist at {settings.bootstrap}: check --prefix, or create "
+                "the topics with `flowstream topics apply`"
+            )
+        if len(topic.partitions) != topology.run_partitions:
+            raise TopologyError(
+                f"topic {name} has {len(topic.partitions)} partitions but the topology declares "
+                f"{topology.run_partitions}; runs would be routed to the wrong partitions "
+                "(check --topology)"
+            )
+
+
+def _problems(error: ValidationError) -> str:
+    """A validation error in one line, without the input (a hook command may hold a token)."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in item['loc'])}: {item['msg'].removeprefix('Value error, ')}"
+        for item in error.errors(include_input=False)
+    )
+
+
+def _json(text: str | None, option: str) -> JSON:
+    if text is None:
+        return None
+    raw: bytes | str = text
+    if text.startswith("@"):
+        try:
+            raw = Path(text[1:]).read_bytes()
+        except OSError as exc:
+            raise _UsageError(f"{option}: cannot read {text[1:]}: {exc.strerror}") from None
+    try:
+        value: JSON = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise _UsageError(f"{option} is not JSON: {exc}") from None
+    return value
+
+
+def load_spec(target: str) -> WorkflowSpec:
+    """The ``WorkflowSpec`` at ``module:attribute`` (attribute ``SPEC`` when omitted)."""
+    module_name, _, attribute = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise _UsageError(f"--workflow {target}: cannot import {module_name}: {exc}") from None
+    spec = getattr(module, attribute or "SPEC", None)
+    if not isinstance(spec, WorkflowSpec):
+        raise _UsageError(f"--workflow {target} is not a WorkflowSpec")
+    return spec
+
+
+def _show(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
+
+
+def _outcome(snapshot: WorkflowRunSnapshot) -> int:
+    """Print a terminal run's output (exit 0), or say how it ended otherwise (exit 3)."""
+    if snapshot.status is RunStatus.COMPLETED:
+        print(_show(snapshot.output))
+        return 0
+    said = f"run {snapshot.run_id} ended {snapshot.status.value}"
+    if snapshot.error:
+        said += f": {snapshot.error}"
+    if snapshot.outcome is not None and snapshot.outcome.successor_run_id:
+        said += f"; its successor is run {snapshot.outcome.successor_run_id}"
+    print(said, file=sys.stderr)
+    return EXIT_NOT_COMPLETED
+
+
+# -- verbs --------------------------------------------------------------------------------
+
+
+def _start(args: argparse.Namespace, client: CommandClient) -> int:
+    spec = load_spec(args.workflow)
+    data = _json(args.input, "--input")
+    client.start(args.run_id, spec, data)
+    client.flush(args.timeout)
+    sent = f"sent start of run {args.run_id} (workflow {spec.name} version {spec.version})"
+    if not args.wait:
+        print(sent)
+        return 0
+    print(f"{sent}; waiting for it to end", file=sys.stderr)
+    return _outcome(client.wait(args.run_id, timeout=args.timeout))
+
+
+def _wait(args: argparse.Namespace, client: CommandClient) -> int:
+    return _outcome(client.wait(args.run_id, timeout=args.timeout))
+
+
+def _status(args: argparse.Namespace, client: CommandClient) -> int:
+    snapshot = client.snapshot(args.run_id, timeout=args.timeout)
+    print(_show(snapshot.model_dump(mode="json")))
+    return 0
+
+
+def _history(args: argparse.Namespace, client: CommandClient) -> int:
+    from flowstream.cli.local import describe
+
+    for envelope in client.history(args.run_id, timeout=args.timeout):
+        print(describe(envelope))
+    return 0
+
+
+def _signal(args: argparse.Namespace, client: CommandClient) -> int:
+    payload = _json(args.payload, "--payload")
+    client.signal(args.run_id, args.signal_id, args.name, payload)
+    client.flush(args.timeout)
+    print(f"sent signal {args.name} (id {args.signal_id}) to run {args.run_id}")
+    return 0
+
+
+def _read_token() -> str:
+    token = getpass.getpass("hook token: ") if sys.stdin.isatty() else sys.stdin.readline()
+    token = token.strip()
+    if not token:
+        raise _UsageError("--token-stdin: standard input held no token")
+    return token
+
+
+def _hook(args: argparse.Namespace, client: CommandClient) -> int:
+    if args.token_stdin and (args.hook_id or args.dispose):
+        raise _UsageError("--token-stdin addresses the hook by its token: drop --hook/--dispose")
+    if not args.token_stdin and not args.hook_id:
+        raise _UsageError("give --hook HOOK_ID, or --token-stdin and the token on stdin")
+    if args.dispose and args.payload is not None:
+        raise _UsageError("--dispose takes no --payload")
+    payload = _json(args.payload, "--payload")
+    if args.token_stdin:
+        client.resume_hook_by_token(_read_token(), payload, route=args.run_id)
+        done = f"sent hook resumption by token to run {args.run_id}"
+    elif args.dispose:
+        client.dispose_hook(args.run_id, args.hook_id)
+        done = f"sent disposal of hook {args.hook_id} to run {args.run_id}"
+    else:
+        client.resume_hook(args.run_id, args.hook_id, payload)
+        done = f"sent resumption of hook {args.hook_id} to run {args.run_id}"
+    client.flush(args.timeout)
+    print(done)
+    return 0
+
+
+def _cancel(args: argparse.Namespace, client: CommandClient) -> int:
+    client.cancel(args.run_id, args.reason, force=args.force)
+    client.flush(args.timeout)
+    what = "forced cancellation" if args.force else "cancellation request"
+    print(f"sent {what} to run {args.run_id}")
+    return 0
