@@ -1,0 +1,1 @@
+"""Benchmark scripts: they print figures and assert nothing (``python -m benchmarks.run_all``)."""
