@@ -243,7 +243,8 @@ class RunTracker:
         return future
 
     def listen(self, callback: Any) -> None:
-        """``callback(envelope, wall_time)`` for every event (called in the tail thread)."""
+        """``callback(envelope, monotonic_time, partition, writer)`` for every committed event
+        (called in the tail thread; ``writer`` is the instance id of the processor)."""
         self._listeners.append(callback)
 
     def _tail(self) -> None:
@@ -262,8 +263,9 @@ class RunTracker:
                 now = time.monotonic()
                 envelope = codec.decode_event(message.value() or b"")
                 self.events_seen += 1
+                writer = headers.get("flowstream-writer", b"").decode()
                 for callback in self._listeners:
-                    callback(envelope, now)
+                    callback(envelope, now, message.partition(), writer)
                 event = envelope.event
                 if event.type in TERMINAL:
                     with self._lock:

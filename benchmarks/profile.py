@@ -1,0 +1,121 @@
+"""Where the time goes: run a benchmark under py-spy and print the top functions.
+
+Three views of the collapsed stacks (py-spy ``--format raw``; idle threads excluded, so the
+percentages are of CPU samples):
+
+* **inclusive**: samples with the function anywhere on the stack;
+* **self**: samples where the function is the innermost frame;
+* **flowstream self**: each sample charged to its innermost ``flowstream/`` frame, so the cost
+  of pydantic, uuid, fastavro, rocksdict or librdkafka lands on the flowstream line that called it.
+
+Usage::
+
+    python -m benchmarks.profile embedded            # the workload, embedded, under py-spy
+    python -m benchmarks.profile kafka               # the worker process of the Kafka workload
+    python -m benchmarks.profile summarize FILE.raw  # any collapsed-stack file
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks import harness
+
+_FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^:()]+)(?::\d+)?\)$")
+
+
+def _key(frame: str) -> str:
+    match = _FRAME.match(frame.strip())
+    if match is None:
+        return frame.strip()
+    path = match["file"]
+    for marker in ("site-packages/", "lib/python3.11/", "/work/main/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+    return f"{path}:{match['function']}"
+
+
+def summarize(path: Path, top: int = 25, focus: str | None = None) -> str:
+    """The three views of one collapsed-stack file, as text."""
+    inclusive: collections.Counter[str] = collections.Counter()
+    own: collections.Counter[str] = collections.Counter()
+    charged: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        frames = [_key(f) for f in stack.split(";") if f]
+        if focus and not any(focus in f for f in frames):
+            continue
+        count = int(count_text)
+        total += count
+        for frame in set(frames):
+            inclusive[frame] += count
+        own[frames[-1]] += count
+        ours = [f for f in frames if f.startswith("flowstream/")]
+        charged[ours[-1] if ours else f"(outside flowstream) {frames[-1]}"] += count
+    lines = [f"{total} samples{f' with {focus!r} on the stack' if focus else ''}"]
+    for title, counter in (
+        ("inclusive", inclusive),
+        ("self", own),
+        ("flowstream self (library time charged to its flowstream caller)", charged),
+    ):
+        lines.append(f"\n-- {title}")
+        for name, count in counter.most_common(top):
+            lines.append(f"{100 * count / max(total, 1):6.1f}%  {name}")
+    return "\n".join(lines)
+
+
+def _pyspy() -> str:
+    found = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(found).exists():
+        raise SystemExit("py-spy is not installed: pip install py-spy")
+    return found
+
+
+def profile_embedded(out: Path, rate: int, extra: list[str]) -> None:
+    command = [_pyspy(), "record", "-r", str(rate), "--format", "raw", "-o", str(out), "--",
+               sys.executable, "-m", "benchmarks.workload", "embedded", "--runs", "1", *extra]
+    subprocess.run(command, cwd=harness.ROOT, check=True)
+
+
+def profile_kafka(out: Path, rate: int, extra: list[str]) -> None:
+    """The Kafka workload with its one worker process started under py-spy."""
+    wrap = f"{_pyspy()} record -r {rate} --format raw -o {out} --"
+    command = [sys.executable, "-m", "benchmarks.workload", "kafka", "--workers", "1",
+               "--runs", "1", "--wrap", wrap, *extra]
+    subprocess.run(command, cwd=harness.ROOT, check=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=["embedded", "kafka", "summarize"])
+    parser.add_argument("file", nargs="?", help="summarize: the collapsed-stack file")
+    parser.add_argument("--rate", type=int, default=200, help="samples per second")
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--focus", help="only samples with this text on the stack")
+    parser.add_argument("--keep", help="write the raw profile here")
+    parser.add_argument("extra", nargs=argparse.REMAINDER, help="after --: workload options")
+    args = parser.parse_args()
+    extra = [a for a in args.extra if a != "--"]
+    if args.what == "summarize":
+        if not args.file:
+            parser.error("summarize needs a file")
+        print(summarize(Path(args.file), args.top, args.focus))
+        return
+    out = Path(args.keep or tempfile.mktemp(suffix=".raw", prefix=f"profile-{args.what}-"))
+    (profile_embedded if args.what == "embedded" else profile_kafka)(out, args.rate, extra)
+    print(f"\nprofile of the {args.what} path ({out}):")
+    print(summarize(out, args.top, args.focus))
+
+
+if __name__ == "__main__":
+    main()
