@@ -24,6 +24,7 @@ import argparse
 import getpass
 import importlib
 import sys
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,18 @@ _DESCRIPTION = (
 )
 
 
+#: Read errors that pass once partition leadership settles.
+_TRANSIENT_CODES = frozenset(
+    {
+        clients.KafkaError.NOT_LEADER_FOR_PARTITION,
+        clients.KafkaError.LEADER_NOT_AVAILABLE,
+        clients.KafkaError.UNKNOWN_TOPIC_OR_PART,
+        clients.KafkaError._TIMED_OUT,
+        clients.KafkaError._TRANSPORT,
+    }
+)
+
+
 class _UsageError(Exception):
     """Arguments that parse but do not make sense together (exit 2)."""
 
@@ -106,11 +119,13 @@ def register(subparsers: Any) -> None:
         help="seconds to wait for the brokers, a read or an awaited result (default 30)",
     )
 
-    def add(name: str, help: str, work: _Work, suffixes: Iterable[str]) -> argparse.ArgumentParser:
+    def add(
+        name: str, help: str, work: _Work, suffixes: Iterable[str], *, reads: bool = False
+    ) -> argparse.ArgumentParser:
         verb: argparse.ArgumentParser = verbs.add_parser(
             name, help=help, description=help, parents=[common]
         )
-        verb.set_defaults(handler=_handler(work, tuple(suffixes)))
+        verb.set_defaults(handler=_handler(work, tuple(suffixes), reads=reads))
         return verb
 
     start = add("start", "start a run (idempotent by run id)", _start, (CMD_START, EVENTS))
@@ -125,11 +140,17 @@ def register(subparsers: Any) -> None:
     start.add_argument(
         "--wait", action="store_true", help="wait until the run ends and print its output"
     )
-    wait = add("wait", "wait until a run ends and print its output", _wait, (EVENTS,))
+    wait = add("wait", "wait until a run ends and print its output", _wait, (EVENTS,), reads=True)
     wait.add_argument("run_id")
-    status = add("status", "show a run's snapshot, read from the events topic", _status, (EVENTS,))
+    status = add(
+        "status",
+        "show a run's snapshot, read from the events topic",
+        _status,
+        (EVENTS,),
+        reads=True,
+    )
     status.add_argument("run_id")
-    history = add("history", "list a run's committed events", _history, (EVENTS,))
+    history = add("history", "list a run's committed events", _history, (EVENTS,), reads=True)
     history.add_argument("run_id")
 
     signal = add("signal", "send a signal to a run (idempotent by --id)", _signal, (CMD_SIGNAL,))
@@ -160,14 +181,20 @@ def register(subparsers: Any) -> None:
 # -- plumbing -----------------------------------------------------------------------------
 
 
-def _handler(work: _Work, suffixes: tuple[str, ...]) -> Callable[[argparse.Namespace], int]:
+def _handler(
+    work: _Work, suffixes: tuple[str, ...], *, reads: bool
+) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         prefix = f"flowstream kafka {args.verb}: error:"
+        settings: Settings | None = None
         try:
             settings = Settings.from_env(bootstrap=args.bootstrap, topic_prefix=args.topic_prefix)
             topology = load_topology(args.topology)
             _require_topics(settings, topology, suffixes, args.timeout)
-            return work(args, CommandClient(settings, topology=topology))
+            client = CommandClient(settings, topology=topology)
+            if reads:
+                return _retrying(work, args, client)
+            return work(args, client)
         except _UsageError as exc:
             print(f"{prefix} {exc}", file=sys.stderr)
             return 2
@@ -178,10 +205,31 @@ def _handler(work: _Work, suffixes: tuple[str, ...]) -> Callable[[argparse.Names
             print(f"{prefix} {exc}", file=sys.stderr)
             return 1
         except clients.KafkaException as exc:
-            print(f"{prefix} Kafka at {args.bootstrap or 'the bootstrap'}: {exc}", file=sys.stderr)
+            where = settings.bootstrap if settings is not None else args.bootstrap
+            print(f"{prefix} Kafka at {where}: {exc}", file=sys.stderr)
             return 1
 
     return run
+
+
+def _retrying(work: _Work, args: argparse.Namespace, client: CommandClient) -> int:
+    """Run a read-only verb again while the brokers answer with a transient error.
+
+    Right after topics are created, a broker may still answer offset requests for a partition
+    it is about to lead with "not leader"; a read is safe to repeat.
+    """
+    deadline = time.monotonic() + args.timeout
+    while True:
+        try:
+            return work(args, client)
+        except clients.KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            transient = isinstance(error, clients.KafkaError) and (
+                error.retriable() or error.code() in _TRANSIENT_CODES
+            )
+            if not transient or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _require_topics(
