@@ -8,7 +8,7 @@ retry any send. Reads use ``read_committed``: only events of committed transacti
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from flowstream import codec
@@ -166,8 +166,13 @@ class EventTail:
             found.append(codec.decode_event(message.value() or b""))
         return found
 
-    def read_to_end(self, *, timeout: float) -> list[EventEnvelope]:
-        """Everything committed so far (up to each partition's last stable offset)."""
+    def read_to_end(
+        self, *, timeout: float, progress: Callable[[int], None] | None = None
+    ) -> list[EventEnvelope]:
+        """Everything committed so far (up to each partition's last stable offset).
+
+        ``progress`` is called with the running count every 10,000 events.
+        """
         ends: dict[int, int] = {}
         for partition in self.partitions:
             _, high = self._consumer.get_watermark_offsets(
@@ -184,7 +189,10 @@ class EventTail:
                 return found
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading {self.topic} did not reach its end in time")
+            before = len(found)
             found.extend(self.poll(0.1))
+            if progress is not None and len(found) // 10_000 > before // 10_000:
+                progress(len(found))
 
     def close(self) -> None:
         self._consumer.close()

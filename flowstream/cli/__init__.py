@@ -20,6 +20,7 @@ _COMMAND_MODULES = (
     "flowstream.cli.topics",
     "flowstream.cli.worker",
     "flowstream.cli.kafka",
+    "flowstream.cli.audit",
 )
 
 

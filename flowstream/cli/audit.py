@@ -1,0 +1,108 @@
+"""``flowstream audit``: re-read runs (from the events topic or the embedded store), check their
+histories and replay every decision against the current code; exit 1 if anything is wrong."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from flowstream.cli.worker import runtimes_from
+from flowstream.model.events import EventEnvelope
+from flowstream.model.spec import WorkflowSpec
+from flowstream.replay.audit import RunAudit, audit_history
+from flowstream.runtime import FlowRuntime
+from flowstream.settings import Settings
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "audit", help="check histories and replay their decisions against the current code"
+    )
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--bootstrap", help="read the Kafka events topic (FLOWSTREAM_BOOTSTRAP)")
+    source.add_argument("--data", help="read an embedded store directory instead")
+    parser.add_argument("--prefix", dest="topic_prefix", help="topic prefix")
+    parser.add_argument("--run", dest="run_id", help="audit only this run")
+    parser.add_argument("--app", default=None, help="module:attribute of the unpinned runtime")
+    parser.add_argument("--build", action="append", default=[], metavar="BUILD=module:attr")
+    parser.set_defaults(handler=_audit)
+
+
+def _kafka_histories(settings: Settings, run_id: str | None) -> dict[str, list[EventEnvelope]]:
+    from flowstream.client import EventTail
+    from flowstream.partitioning import partition_for
+    from flowstream.topology import EVENTS, load_topology
+
+    topology = load_topology()
+    partitions = list(range(topology.run_partitions))
+    if run_id is not None:
+        partitions = [partition_for(run_id, topology.run_partitions)]
+    tail = EventTail(settings, partitions, topic=topology.name(EVENTS, settings.topic_prefix))
+    histories: dict[str, list[EventEnvelope]] = {}
+    read = 0
+    began = time.monotonic()
+    try:
+        for envelope in tail.read_to_end(timeout=600, progress=_progress(began)):
+            read += 1
+            if run_id is None or envelope.run_id == run_id:
+                histories.setdefault(envelope.run_id, []).append(envelope)
+    finally:
+        tail.close()
+    print(f"read {read} events of {len(histories)} run(s)", file=sys.stderr)
+    return histories
+
+
+def _progress(began: float) -> Any:
+    def report(count: int) -> None:
+        print(
+            f"  … {count} events read ({time.monotonic() - began:.1f}s)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return report
+
+
+def _store_histories(path: str, run_id: str | None) -> dict[str, list[EventEnvelope]]:
+    from flowstream.stores.rocksdb import RocksDBEventStore
+
+    with RocksDBEventStore(path) as store:
+        runs: Iterable[str] = [run_id] if run_id else store.list_runs()
+        return {r: store.read(r) for r in runs}
+
+
+def _audit(args: argparse.Namespace) -> int:
+    runtimes = runtimes_from(args.app or "flowstream.examples.order:runtime", args.build)
+
+    def runtime_for(spec: WorkflowSpec) -> FlowRuntime | None:
+        return runtimes.get(spec.runtime_build_id)
+
+    if args.data:
+        histories = _store_histories(args.data, args.run_id)
+    else:
+        settings = Settings.from_env(bootstrap=args.bootstrap, topic_prefix=args.topic_prefix)
+        histories = _kafka_histories(settings, args.run_id)
+
+    async def work() -> list[RunAudit]:
+        return [await audit_history(h, runtime_for) for _, h in sorted(histories.items())]
+
+    reports = asyncio.run(work())
+    bad = 0
+    for report in reports:
+        if report.skipped:
+            print(f"{report.run_id}: skipped ({report.skipped})")
+        elif report.ok:
+            checked = report.decisions_checked
+            print(f"{report.run_id}: ok ({report.events} events, {checked} decisions)")
+        else:
+            bad += 1
+            kind = "NONDETERMINISTIC" if report.nondeterministic else "INVALID"
+            print(f"{report.run_id}: {kind}")
+            for problem in report.problems:
+                print(f"    {problem}")
+    print(f"audited {len(reports)} run(s): {len(reports) - bad} ok, {bad} with problems")
+    return 1 if bad else 0
