@@ -131,11 +131,7 @@ class EventStore(ABC):
                 self._states.pop(run_id, None)
                 raise
             self._remember(run_id, state)
-            for listener in self._listeners:
-                try:
-                    listener(envelopes)
-                except Exception:  # the events are committed; a listener cannot undo that
-                    LOG.exception("a store listener failed on run %s", run_id)
+            self._notify(envelopes)
             return envelopes
 
     def read(self, run_id: str) -> list[EventEnvelope]:
@@ -208,6 +204,14 @@ class EventStore(ABC):
 
     def _remember(self, run_id: str, state: RunState) -> None:
         self._states[run_id] = state
+
+    def _notify(self, envelopes: list[EventEnvelope]) -> None:
+        """Hand a committed batch to every listener; a failing listener is logged, not raised."""
+        for listener in self._listeners:
+            try:
+                listener(envelopes)
+            except Exception:  # the events are committed; a listener cannot undo that
+                LOG.exception("a store listener failed on run %s", envelopes[0].run_id)
 
     def _encode(self, envelope: EventEnvelope) -> bytes:
         data = envelope.model_dump_json().encode()

@@ -182,7 +182,6 @@ def test_tokens_never_appear_in_repr_snapshots_histories_or_storage(
         assert TOKEN not in text
     assert any("approve" in text for text in texts)
     if stores.durable:
-        db = store._db  # type: ignore[attr-defined]
-        raw = b"".join(bytes(k) + bytes(v) for k, v in db.items())
+        raw = stores.stored_bytes(store)
         assert b"approve" in raw
         assert TOKEN.encode() not in raw
