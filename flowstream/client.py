@@ -109,6 +109,29 @@ class FlowClient:
             raise RunNotFoundError(run_id)
         return found
 
+    def parked(self, run_id: str, *, timeout: float = 30) -> list[str]:
+        """Why commands for ``run_id`` wait in its partition's inbox (e.g. its build is not
+        served by the partition's owner); empty when nothing waits."""
+        partition = partition_for(run_id, self.partitions)
+        tail = EventTail(self.settings, [partition], topic=self.topics[EVENTS])
+        waiting: dict[bytes, str] = {}
+        try:
+            for message in tail.read_records_to_end(timeout=timeout):
+                if message.key() != run_id.encode():
+                    continue
+                headers = dict(message.headers() or ())
+                kind = headers.get(_RECORD_HEADER)
+                if kind not in (b"inbox", b"inbox-done"):
+                    continue
+                inbox_id = (message.value() or b"").split(b"\0", 2)[1]
+                if kind == b"inbox":
+                    waiting[inbox_id] = headers.get("flowstream-reason", b"").decode()
+                elif kind == b"inbox-done":
+                    waiting.pop(inbox_id, None)
+        finally:
+            tail.close()
+        return list(waiting.values())
+
     def snapshot(self, run_id: str, *, timeout: float = 30) -> WorkflowRunSnapshot:
         return RunState.from_history(self.history(run_id, timeout=timeout)).snapshot()
 
@@ -169,17 +192,27 @@ class EventTail:
     def read_to_end(
         self, *, timeout: float, progress: Callable[[int], None] | None = None
     ) -> list[EventEnvelope]:
-        """Everything committed so far (up to each partition's last stable offset).
+        """Every committed event so far (up to each partition's last stable offset).
 
         ``progress`` is called with the running count every 10,000 events.
         """
+        found: list[EventEnvelope] = []
+        for message in self.read_records_to_end(timeout=timeout):
+            if _is_event(message):
+                found.append(codec.decode_event(message.value() or b""))
+                if progress is not None and len(found) % 10_000 == 0:
+                    progress(len(found))
+        return found
+
+    def read_records_to_end(self, *, timeout: float) -> list[Any]:
+        """Every committed record (events and inbox records) up to the last stable offset."""
         ends: dict[int, int] = {}
         for partition in self.partitions:
             _, high = self._consumer.get_watermark_offsets(
                 clients.TopicPartition(self.topic, partition), timeout=10, cached=False
             )
             ends[partition] = high
-        found: list[EventEnvelope] = []
+        found: list[Any] = []
         deadline = time.monotonic() + timeout
         while True:
             positions = self._consumer.position(
@@ -189,10 +222,9 @@ class EventTail:
                 return found
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading {self.topic} did not reach its end in time")
-            before = len(found)
-            found.extend(self.poll(0.1))
-            if progress is not None and len(found) // 10_000 > before // 10_000:
-                progress(len(found))
+            for message in self._consumer.consume(num_messages=1000, timeout=0.1):
+                if message.error() is None:
+                    found.append(message)
 
     def close(self) -> None:
         self._consumer.close()

@@ -79,6 +79,8 @@ LOG = logging.getLogger("flowstream.processor")
 
 #: Header naming what a record on the events topic is: an event, or an inbox entry.
 RECORD_HEADER = "flowstream-record"
+#: Header of an inbox record: why the command waits (run missing, build not served).
+REASON_HEADER = "flowstream-reason"
 #: Header naming the processor instance that wrote an event (for audits and failure tests).
 WRITER_HEADER = "flowstream-writer"
 _COMMAND_TOPIC_FOR = {
@@ -541,7 +543,7 @@ class Processor:
             try:
                 await self._apply(owned, command)
             except _Park as park:
-                self._park(owned, run_id, inbox_id, raw)
+                self._park(owned, run_id, inbox_id, raw, park.reason)
                 outcome = f"parked: {park.reason}"
             else:
                 await self._drain(owned, run_id)
@@ -662,12 +664,11 @@ class Processor:
 
     # -- the inbox ------------------------------------------------------------------------
 
-    def _park(self, owned: Owned, run_id: str, inbox_id: str, raw: bytes) -> None:
+    def _park(self, owned: Owned, run_id: str, inbox_id: str, raw: bytes, reason: str) -> None:
         owned.store.park(run_id, inbox_id, raw)
         value = _join_inbox(run_id, inbox_id, raw)
-        self._produce(
-            self.topics[EVENTS], owned.partition, run_id, value, [(RECORD_HEADER, b"inbox")]
-        )
+        headers = [(RECORD_HEADER, b"inbox"), (REASON_HEADER, reason.encode())]
+        self._produce(self.topics[EVENTS], owned.partition, run_id, value, headers)
 
     async def _drain(self, owned: Owned, run_id: str | None) -> None:
         """Retry parked commands (of one run, or all); each applies once, then leaves the inbox."""

@@ -75,3 +75,7 @@ class ThreeSteps:
 
 
 runtime = ThreeSteps()
+
+
+runtime_v1 = ThreeSteps()
+runtime_v2 = ThreeSteps()
