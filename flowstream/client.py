@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from pydantic import SecretStr
+
 from flowstream import codec
 from flowstream.errors import FlowError, RunNotFoundError
 from flowstream.kafka import clients
@@ -27,6 +29,7 @@ from flowstream.model.messages import (
 from flowstream.model.snapshot import WorkflowRunSnapshot
 from flowstream.model.spec import WorkflowSpec
 from flowstream.partitioning import partition_for
+from flowstream.replay.decide import token_digest
 from flowstream.replay.state import RunState
 from flowstream.settings import Settings
 from flowstream.topology import (
@@ -81,6 +84,11 @@ class FlowClient:
 
     def resume_hook(self, run_id: str, hook_id: str, payload: JSON = None) -> None:
         self._send(CMD_HOOK, run_id, ResumeHook(run_id=run_id, hook_id=hook_id, payload=payload))
+
+    def resume_hook_by_token(self, token: str, payload: JSON = None) -> None:
+        """Resume the hook that owns ``token`` (a bearer secret: it is never logged)."""
+        command = ResumeHook(token=SecretStr(token), payload=payload)
+        self._send(CMD_HOOK, token_digest(token), command)
 
     def dispose_hook(self, run_id: str, hook_id: str) -> None:
         self._send(CMD_HOOK, run_id, DisposeHook(run_id=run_id, hook_id=hook_id))

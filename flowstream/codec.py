@@ -45,6 +45,7 @@ from flowstream.model.messages import (
     DeadLetter,
     DisposeHook,
     FireTimer,
+    RegisterHookToken,
     ResolveChild,
     ResumeHook,
     SendSignal,
@@ -76,6 +77,7 @@ _COMMANDS: tuple[type[BaseModel], ...] = (
     CancelRun,
     FireTimer,
     ResolveChild,
+    RegisterHookToken,
 )
 _SECRET_BEARING: frozenset[type[BaseModel]] = frozenset({ResumeHook, DeadLetter})
 _PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})

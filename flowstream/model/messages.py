@@ -29,6 +29,7 @@ __all__ = [
     "DeadLetterHeader",
     "DisposeHook",
     "FireTimer",
+    "RegisterHookToken",
     "ResolveChild",
     "ResumeHook",
     "SendSignal",
@@ -86,7 +87,12 @@ class SendSignal(FrozenModel):
 
 
 class ResumeHook(FrozenModel):
-    """Resume a hook, addressed either by ``run_id`` and ``hook_id`` or by ``token`` alone."""
+    """Resume a hook, addressed by ``run_id`` and ``hook_id``, by ``token`` alone, or by both.
+
+    A token-only resume is keyed by the token's digest; the owner of that partition looks the
+    token up and forwards the resume, with the token, to the run's partition, where the token is
+    checked against the hook before anything is appended.
+    """
 
     model_config = ConfigDict(hide_input_in_errors=True)
 
@@ -106,16 +112,23 @@ class ResumeHook(FrozenModel):
             return hook_id  # an earlier field failed and is reported on its own
         token: SecretStr | None = info.data["token"]
         run_id: str | None = info.data["run_id"]
-        if token is not None:
-            if run_id is not None or hook_id is not None:
-                raise ValueError(
-                    "address a hook by run_id and hook_id, or by token alone, not both"
-                )
-            if not token.get_secret_value():
-                raise ValueError("the hook token must not be empty")
-        elif run_id is None or hook_id is None:
-            raise ValueError("address a hook by run_id and hook_id, or by token alone")
+        if token is not None and not token.get_secret_value():
+            raise ValueError("the hook token must not be empty")
+        if (run_id is None) != (hook_id is None):
+            raise ValueError("give run_id and hook_id together")
+        if token is None and run_id is None:
+            raise ValueError("address a hook by run_id and hook_id, or by its token")
         return hook_id
+
+
+class RegisterHookToken(FrozenModel):
+    """Sent by a run's owner when a hook is created: index ``token_digest`` → (run, hook) on the
+    partition of the digest, so the hook can be resumed by its token alone."""
+
+    type: Literal["register_hook_token"] = "register_hook_token"
+    token_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    run_id: RunId
+    hook_id: HookId
 
 
 class DisposeHook(FrozenModel):
@@ -156,7 +169,14 @@ class ResolveChild(FrozenModel):
 
 
 CommandMessage = Annotated[
-    StartRun | SendSignal | ResumeHook | DisposeHook | CancelRun | FireTimer | ResolveChild,
+    StartRun
+    | SendSignal
+    | ResumeHook
+    | DisposeHook
+    | CancelRun
+    | FireTimer
+    | ResolveChild
+    | RegisterHookToken,
     Field(discriminator="type"),
 ]
 

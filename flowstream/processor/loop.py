@@ -40,13 +40,14 @@ from flowstream.errors import (
     SerializationError,
 )
 from flowstream.kafka import clients
-from flowstream.model.events import ChildWorkflowResolved, EventEnvelope
+from flowstream.model.events import ChildWorkflowResolved, EventEnvelope, HookCreated
 from flowstream.model.messages import (
     CancelRun,
     CommandMessage,
     DeadLetter,
     DisposeHook,
     FireTimer,
+    RegisterHookToken,
     ResolveChild,
     ResumeHook,
     SendSignal,
@@ -91,7 +92,18 @@ _COMMAND_TOPIC_FOR = {
     CancelRun: CMD_CANCEL,
     FireTimer: CMD_TIMER,
     ResolveChild: CMD_TIMER,
+    RegisterHookToken: CMD_HOOK,
 }
+
+
+def routing_key(command: CommandMessage) -> str:
+    """The key that picks a command's partition: its run id, or a hook token's digest."""
+    if isinstance(command, RegisterHookToken):
+        return command.token_digest
+    if command.run_id is None:
+        assert isinstance(command, ResumeHook) and command.token is not None
+        return token_digest(command.token.get_secret_value())
+    return command.run_id
 
 
 class _Park(Exception):
@@ -409,8 +421,15 @@ class Processor:
         ]
 
         def sink(run_id: str, envelopes: list[EventEnvelope], encoded: list[bytes]) -> None:
-            for data in encoded:
+            for envelope, data in zip(envelopes, encoded, strict=True):
                 self._produce(self.topics[EVENTS], partition, run_id, data, writer_headers)
+                event = envelope.event
+                if isinstance(event, HookCreated):
+                    self._emit(
+                        RegisterHookToken(
+                            token_digest=event.token_digest, run_id=run_id, hook_id=event.hook_id
+                        )
+                    )
             self.metrics.events_appended.inc(len(envelopes))
 
         store = PartitionStore(partition, path, sink, clock=self.clock)
@@ -482,6 +501,9 @@ class Processor:
         elif kind == b"inbox-done":
             run_id, inbox_id, _ = _split_inbox(value)
             owned.store.unpark(run_id, inbox_id)
+        elif kind == b"hook-token":
+            digest, run_id, hook_id = value.decode().split("\0", 2)
+            owned.store.index_hook_token(digest, run_id, hook_id)
 
     async def _activate(self, owned: Owned) -> None:
         """Restored: resume the command partitions, re-run unsettled steps, retry the inbox."""
@@ -534,10 +556,10 @@ class Processor:
                     f"message of {len(raw)} bytes exceeds {self.settings.max_message_bytes}"
                 )
             command = codec.decode_command(raw)
-            run_id = self._target_run(command)
+            run_id = routing_key(command)
             if partition_for(run_id, self.partitions) != partition:
                 raise InvalidTransitionError(
-                    f"run {run_id} belongs to partition {partition_for(run_id, self.partitions)},"
+                    f"key {run_id} belongs to partition {partition_for(run_id, self.partitions)},"
                     f" not {partition}"
                 )
             try:
@@ -560,16 +582,6 @@ class Processor:
         self.metrics.commands.labels(topic=topic, outcome=outcome.split(":")[0]).inc()
         self.metrics.decision_seconds.observe(time.perf_counter() - began)
 
-    def _target_run(self, command: CommandMessage) -> str:
-        if isinstance(command, ResumeHook) and command.run_id is None:
-            raise InvalidTransitionError(
-                "resuming a hook by token alone needs the token index, which this processor "
-                "does not serve yet; address the hook by run_id and hook_id"
-            )
-        run_id = command.run_id
-        assert run_id is not None
-        return run_id
-
     async def _apply(self, owned: Owned, command: CommandMessage) -> None:
         """Apply one decoded command; raises ``_Park`` when it has to wait."""
         engine = owned.engine
@@ -590,8 +602,22 @@ class Processor:
                     await engine.send_signal(
                         command.run_id, command.signal_id, command.name, command.payload
                     )
+                case ResumeHook() if command.run_id is None:
+                    self._forward_by_token(owned, command)
                 case ResumeHook():
                     await self._resume_hook(owned, command)
+                case RegisterHookToken():
+                    owned.store.index_hook_token(
+                        command.token_digest, command.run_id, command.hook_id
+                    )
+                    value = "\0".join((command.token_digest, command.run_id, command.hook_id))
+                    self._produce(
+                        self.topics[EVENTS],
+                        owned.partition,
+                        command.token_digest,
+                        value.encode(),
+                        [(RECORD_HEADER, b"hook-token")],
+                    )
                 case DisposeHook():
                     if not store.exists(command.run_id):
                         raise _Park("run does not exist yet")
@@ -615,6 +641,17 @@ class Processor:
         except RuntimeBuildUnavailableError as exc:
             self.metrics.parked_for_build.inc()
             raise _Park(str(exc)) from exc
+
+    def _forward_by_token(self, owned: Owned, command: ResumeHook) -> None:
+        """A token-only resume landed on the digest's partition: send it to the hook's run."""
+        assert command.token is not None
+        owner = owned.store.hook_token_owner(token_digest(command.token.get_secret_value()))
+        if owner is None:
+            raise InvalidTransitionError("no hook is registered for the presented token")
+        run_id, hook_id = owner
+        self._emit(
+            ResumeHook(run_id=run_id, hook_id=hook_id, token=command.token, payload=command.payload)
+        )
 
     async def _resume_hook(self, owned: Owned, command: ResumeHook) -> None:
         assert command.run_id is not None and command.hook_id is not None
@@ -656,10 +693,9 @@ class Processor:
 
     def _emit(self, command: CommandMessage) -> None:
         topic = self.topics[_COMMAND_TOPIC_FOR[type(command)]]
-        run_id = command.run_id
-        assert run_id is not None
+        key = routing_key(command)
         self._produce(
-            topic, partition_for(run_id, self.partitions), run_id, codec.encode_message(command)
+            topic, partition_for(key, self.partitions), key, codec.encode_message(command)
         )
 
     # -- the inbox ------------------------------------------------------------------------

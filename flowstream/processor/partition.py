@@ -11,6 +11,7 @@ Extra keys beside the ``RocksDBEventStore`` layout:
 ``m/events_offset``               next events-topic offset to restore from (8 BE)
 ``x<run_id>``                      the run has a step started but not settled
 ``i<run_id>\\0<inbox id>``         a command parked until its run exists or its build is served
+``t<token digest>``                <run_id>\\0<hook_id> for token-only hook resumes (digest-keyed)
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class PartitionStore(RocksDBEventStore):
         self._staged_runs: set[str] = set()
         self._staged_hooks: dict[str, tuple[str, str]] = {}
         self._staged_inbox: dict[bytes, bytes | None] = {}
+        self._staged_tokens: dict[str, tuple[str, str]] = {}
 
     # -- encoding: Avro single-object, the same bytes as on the events topic --------------------
 
@@ -124,6 +126,7 @@ class PartitionStore(RocksDBEventStore):
         self._staged_runs.clear()
         self._staged_hooks.clear()
         self._staged_inbox.clear()
+        self._staged_tokens.clear()
 
     def discard(self) -> None:
         """After an abort: forget staged writes and every run state they touched."""
@@ -133,6 +136,7 @@ class PartitionStore(RocksDBEventStore):
         self._staged_runs.clear()
         self._staged_hooks.clear()
         self._staged_inbox.clear()
+        self._staged_tokens.clear()
 
     def _hook_owner(self, token_digest: str) -> tuple[str, str] | None:
         staged = self._staged_hooks.get(token_digest)
@@ -202,6 +206,23 @@ class PartitionStore(RocksDBEventStore):
         for key, pending in list(self._staged_inbox.items()):
             if key not in seen and pending is not None and key.startswith(prefix):
                 yield (*_inbox_parts(key), pending)
+
+    # -- the token index: token digests of this partition's keyspace → (run, hook) -------------
+
+    def index_hook_token(self, digest: str, run_id: str, hook_id: str) -> None:
+        value = f"{run_id}\0{hook_id}".encode()
+        self._stage().put(b"t" + digest.encode(), value)
+        self._staged_tokens[digest] = (run_id, hook_id)
+
+    def hook_token_owner(self, digest: str) -> tuple[str, str] | None:
+        staged = self._staged_tokens.get(digest)
+        if staged is not None:
+            return staged
+        raw = self._db.get(b"t" + digest.encode())
+        if raw is None:
+            return None
+        run_id, hook_id = bytes(raw).decode().split("\0", 1)
+        return run_id, hook_id
 
     def running_runs(self) -> list[str]:
         """Runs with a started, unsettled step: their attempts are re-run after a takeover."""

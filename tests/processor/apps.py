@@ -49,6 +49,8 @@ class ThreeSteps:
         options = invocation.input if isinstance(invocation.input, dict) else {}
         if options.get("signal") and not ctx.signal_received("go"):
             return ctx.wait_for_signal("go", "go")
+        if options.get("hook_digest") and not ctx.hook_received("approval"):
+            return ctx.create_hook("approval", token_digest=str(options["hook_digest"]))
         if options.get("timer_ms") and not ctx.wait_completed("pause"):
             return ctx.wait_for("pause", timedelta(milliseconds=int(options["timer_ms"])))
         previous: JSON = invocation.input
@@ -57,7 +59,13 @@ class ThreeSteps:
                 retry = RetryPolicy.fixed(3, 200) if options.get("flaky") == name else None
                 return ctx.schedule_step(name, name, {"from": previous}, retry)
             previous = ctx.step_output(name)
-        return ctx.complete({"charged": previous, "go": ctx.signal_payload("go")})
+        return ctx.complete(
+            {
+                "charged": previous,
+                "go": ctx.signal_payload("go"),
+                "approval": ctx.hook_payload("approval"),
+            }
+        )
 
     def run_step(self, invocation: StepInvocation) -> JSON:
         _log(invocation)

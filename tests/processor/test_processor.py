@@ -11,8 +11,10 @@ import pytest
 
 from flowstream import codec
 from flowstream.client import EventTail, FlowClient
+from flowstream.errors import FlowError
 from flowstream.kafka import clients
 from flowstream.partitioning import partition_for
+from flowstream.replay.decide import token_digest
 from flowstream.settings import Settings
 from tests.processor.apps import SPEC
 from tests.processor.harness import Worker, apply_topics, assert_contiguous, step_runs
@@ -76,7 +78,7 @@ def test_signal_before_start_is_kept_and_applied(
     client.flush()
     result = client.wait("early", timeout=60)
     assert result.status.value == "completed", worker.output()[-2000:]
-    assert result.output == {"charged": result.output["charged"], "go": {"from": "before start"}}  # type: ignore[index]
+    assert result.output["go"] == {"from": "before start"}  # type: ignore[index]
 
 
 def test_timer_and_delayed_retry_fire(deployment: tuple[FlowClient, Worker, Path]) -> None:
@@ -136,3 +138,33 @@ def test_poison_messages_are_dead_lettered_and_good_ones_processed(
     by_topic = {letter.source_topic.removeprefix(unique_prefix + "."): letter for letter in letters}
     assert set(by_topic) == {"cmd.start", "cmd.signal", "cmd.hook", "cmd.cancel", "cmd.timer"}
     assert any("no-such-run" in letter.reason for letter in letters)
+
+
+def test_a_hook_is_resumed_by_its_token_alone(
+    deployment: tuple[FlowClient, Worker, Path],
+) -> None:
+    client, worker, _ = deployment
+    token = "tok-" + "x" * 40
+    runs = [f"hooked-{i}" for i in range(4)]
+    for run_id in runs:
+        client.start(run_id, SPEC, {"hook_digest": token_digest(f"{token}-{run_id}")})
+    client.flush()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not all(_hook_open(client, r) for r in runs):
+        time.sleep(0.2)
+    client.resume_hook_by_token("not-a-registered-token", {"by": "mallory"})
+    for run_id in runs:
+        client.resume_hook_by_token(f"{token}-{run_id}", {"by": run_id})
+    client.flush()
+    results = client.wait_all(runs, timeout=60)
+    for run_id, result in results.items():
+        assert result.status.value == "completed", worker.output()[-2000:]
+        assert result.output["approval"] == {"by": run_id}  # type: ignore[index]
+    assert token not in worker.output()
+
+
+def _hook_open(client: FlowClient, run_id: str) -> bool:
+    try:
+        return "approval" in client.snapshot(run_id, timeout=5).hooks
+    except FlowError:
+        return False
