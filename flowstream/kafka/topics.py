@@ -61,8 +61,13 @@ def apply(
             )
     if missing:
         _create(client, [(names[s.suffix], s) for s in missing], replication_factor, timeout)
+        # One metadata answer that shows every declared topic: brokers learn of new topics
+        # at slightly different times, so a later request may reach one that has not yet.
+        metadata = _wait_for_leaders(
+            client, [names[s.suffix] for s in missing], list(names.values()), timeout
+        )
     created = {names[spec.suffix] for spec in missing}
-    return _check(client, topology, names, created, timeout)
+    return _check(client, metadata, topology, names, created, timeout)
 
 
 def verify(
@@ -74,7 +79,8 @@ def verify(
 ) -> list[TopicState]:
     """Check that every declared topic exists as declared; raise :class:`TopologyError` if not."""
     client = new_admin(admin) if isinstance(admin, str) else admin
-    return _check(client, topology, _names(topology, prefix), set(), timeout)
+    metadata = client.list_topics(timeout=timeout)
+    return _check(client, metadata, topology, _names(topology, prefix), set(), timeout)
 
 
 def _names(topology: Topology, prefix: str | None) -> dict[str, str]:
@@ -108,16 +114,19 @@ def _create(
             if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                 continue
             raise TopologyError(f"could not create topic {name}: {exc}") from None
-    _wait_for_leaders(client, [name for name, _ in specs], timeout)
 
 
-def _wait_for_leaders(client: AdminClient, names: Sequence[str], timeout: float) -> None:
+def _wait_for_leaders(
+    client: AdminClient, created: Sequence[str], names: Sequence[str], timeout: float
+) -> ClusterMetadata:
+    """The first metadata answer that lists ``names`` and has every leader of ``created``."""
     deadline = time.monotonic() + timeout
     while True:
         metadata = client.list_topics(timeout=timeout)
-        pending = [name for name in names if not _has_leaders(metadata, name)]
+        pending = [name for name in created if not _has_leaders(metadata, name)]
+        pending += [name for name in names if name not in metadata.topics]
         if not pending:
-            return
+            return metadata
         if time.monotonic() >= deadline:
             raise TopologyError(
                 f"topics without a leader for every partition after {timeout:.0f} s: "
@@ -135,12 +144,12 @@ def _has_leaders(metadata: ClusterMetadata, name: str) -> bool:
 
 def _check(
     client: AdminClient,
+    metadata: ClusterMetadata,
     topology: Topology,
     names: dict[str, str],
     created: set[str],
     timeout: float,
 ) -> list[TopicState]:
-    metadata = client.list_topics(timeout=timeout)
     problems: list[str] = []
     states: list[TopicState] = []
     present: list[tuple[str, TopicSpec]] = []
