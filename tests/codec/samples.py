@@ -54,6 +54,7 @@ from flowstream.model.messages import (
     DeadLetterHeader,
     DisposeHook,
     FireTimer,
+    RegisterHookToken,
     ResolveChild,
     ResumeHook,
     SendSignal,
@@ -178,6 +179,7 @@ def sample_messages() -> list[Any]:
             due=T0.astimezone(timezone(timedelta(hours=-5))),
         ),
         ResolveChild(run_id="order-1", child_id="c1", child_run_id="order-1-c1", outcome=OUTCOME),
+        RegisterHookToken(token_digest="ab" * 32, run_id="order-1", hook_id="approval"),
         DeadLetter(
             source_topic="flowstream.cmd.hook",
             partition=3,

@@ -51,13 +51,12 @@ def test_repr_str_and_json_dump_mask_the_token() -> None:
 @pytest.mark.parametrize(
     "fields",
     [
-        {"token": TOKEN, "run_id": "r1", "hook_id": "h1"},
         {"token": TOKEN, "hook_id": "h1"},
         {"token": TOKEN, "run_id": "not valid!"},
         {"token": TOKEN, "payload": object()},
         {"token": TOKEN, "surprise": 1},
     ],
-    ids=["token-and-ids", "token-and-hook", "bad-run-id", "bad-payload", "extra-field"],
+    ids=["token-and-hook", "bad-run-id", "bad-payload", "extra-field"],
 )
 def test_validation_errors_never_show_the_token(fields: dict[str, Any]) -> None:
     with pytest.raises(ValidationError) as direct:
@@ -72,8 +71,11 @@ def test_validation_errors_never_show_the_token(fields: dict[str, Any]) -> None:
 def test_the_hook_address_rules() -> None:
     assert ResumeHook(run_id="r1", hook_id="h1").token is None
     assert ResumeHook(token=SecretStr(TOKEN)).run_id is None
+    # A processor forwards a token-only resume to the run's partition with the ids added.
+    forwarded = ResumeHook(token=SecretStr(TOKEN), run_id="r1", hook_id="h1")
+    assert forwarded.run_id == "r1" and forwarded.token is not None
     for fields in ({}, {"run_id": "r1"}, {"hook_id": "h1"}, {"token": ""}):
-        with pytest.raises(ValidationError, match=r"address a hook|must not be empty"):
+        with pytest.raises(ValidationError, match=r"address a hook|must not be empty|together"):
             ResumeHook(**fields)
 
 
@@ -92,7 +94,7 @@ def test_decoding_errors_never_show_the_token() -> None:
         "truncated": good[:-3],
         "trailing": good + b"\x00",
         "invalid-utf8": bytes(invalid_utf8),
-        "token-and-ids": _resume_hook_bytes({"token": TOKEN, "run_id": "r1", "hook_id": "h"}),
+        "token-and-run": _resume_hook_bytes({"token": TOKEN, "run_id": "r1"}),
         "bad-run-id": _resume_hook_bytes({"token": TOKEN, "run_id": "no good", "hook_id": "h"}),
         "bad-json": _resume_hook_bytes({"token": TOKEN, "payload": b"{" + TOKEN.encode()}),
         "empty-token": _resume_hook_bytes({"token": ""}),
