@@ -51,6 +51,11 @@ class ThreeSteps:
             return ctx.wait_for_signal("go", "go")
         if options.get("hook_digest") and not ctx.hook_received("approval"):
             return ctx.create_hook("approval", token_digest=str(options["hook_digest"]))
+        if options.get("child") and ctx.child_workflow_outcome("kid") is None:
+            return ctx.start_child_workflow("kid", SPEC, {"parent": invocation.run_id})
+        hops = int(options.get("continue_hops", 0))
+        if hops:
+            return ctx.continue_as_new({**options, "continue_hops": hops - 1})
         if options.get("timer_ms") and not ctx.wait_completed("pause"):
             return ctx.wait_for("pause", timedelta(milliseconds=int(options["timer_ms"])))
         previous: JSON = invocation.input
@@ -64,6 +69,7 @@ class ThreeSteps:
                 "charged": previous,
                 "go": ctx.signal_payload("go"),
                 "approval": ctx.hook_payload("approval"),
+                "kid": None if ctx.child_workflow_outcome("kid") is None else "done",
             }
         )
 

@@ -1,0 +1,159 @@
+"""Across partitions and on the wire: child workflows and continuations travel as commands, the
+events topic is readable with plain confluent-kafka + fastavro, and metrics are served."""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from flowstream.client import FlowClient
+from flowstream.partitioning import partition_for
+from flowstream.settings import Settings
+from tests.codec.test_independent_reader import read_value
+from tests.processor.apps import SPEC
+from tests.processor.harness import Worker, apply_topics
+
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def deployment(
+    kafka_bootstrap: str, unique_prefix: str, tmp_path: Path
+) -> Iterator[tuple[FlowClient, Worker, int]]:
+    apply_topics(kafka_bootstrap, unique_prefix)
+    port = _free_port()
+    worker = Worker(
+        "w1",
+        bootstrap=kafka_bootstrap,
+        prefix=unique_prefix,
+        group=f"{unique_prefix}-group",
+        state_dir=tmp_path / "state",
+        step_log=tmp_path / "steps.jsonl",
+        extra_env={"FLOWSTREAM_METRICS_PORT": str(port)},
+    )
+    client = FlowClient(
+        Settings(bootstrap=kafka_bootstrap, topic_prefix=unique_prefix, group=f"{unique_prefix}-c")
+    )
+    try:
+        yield client, worker, port
+    finally:
+        client.close()
+        assert worker.stop() == 0, worker.output()[-3000:]
+
+
+def test_a_child_on_another_partition_reports_to_its_parent(
+    deployment: tuple[FlowClient, Worker, int],
+) -> None:
+    client, worker, _ = deployment
+    parents = [f"parent-{i}" for i in range(6)]
+    for run_id in parents:
+        client.start(run_id, SPEC, {"child": True})
+    client.flush()
+    results = client.wait_all(parents, timeout=90)
+    assert {r.status.value for r in results.values()} == {"completed"}, worker.output()[-2000:]
+    for run_id, result in results.items():
+        assert result.output["kid"] == "done"  # type: ignore[index]
+        child = result.children["kid"]
+        assert child.outcome is not None and child.outcome.type == "completed"
+        kid = client.snapshot(child.run_id)
+        assert kid.parent is not None and kid.parent.run_id == run_id
+    crossing = [
+        r
+        for r in results.values()
+        if partition_for(r.children["kid"].run_id, client.partitions)
+        != partition_for(r.run_id, client.partitions)
+    ]
+    assert crossing, "no child landed on another partition; the test proves nothing"
+
+
+def test_continue_as_new_starts_the_successor_with_the_same_spec(
+    deployment: tuple[FlowClient, Worker, int],
+) -> None:
+    client, worker, _ = deployment
+    client.start("looping", SPEC, {"continue_hops": 2})
+    client.flush()
+    first = client.wait("looping", timeout=60)
+    assert first.status.value == "continued_as_new"
+    assert first.outcome is not None and first.outcome.successor_run_id is not None
+    second = client.wait(first.outcome.successor_run_id, timeout=60)
+    assert second.status.value == "continued_as_new" and second.spec == first.spec
+    assert second.input == {"continue_hops": 1}
+    assert second.outcome is not None and second.outcome.successor_run_id is not None
+    last = client.wait(second.outcome.successor_run_id, timeout=60)
+    assert last.status.value == "completed", worker.output()[-2000:]
+    assert last.parent is not None and last.parent.continued
+
+
+def test_the_events_topic_decodes_with_plain_confluent_kafka_and_fastavro(
+    deployment: tuple[FlowClient, Worker, int], kafka_bootstrap: str, unique_prefix: str
+) -> None:
+    client, _, _ = deployment
+    client.start("plain", SPEC, {"for": "an independent reader"})
+    client.flush()
+    client.wait("plain", timeout=60)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "group.id": f"{unique_prefix}-independent",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
+    partition = partition_for("plain", client.partitions)
+    consumer.assign([TopicPartition(f"{unique_prefix}.events", partition, 0)])
+    decoded = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (not decoded or decoded[-1][1] != "run_completed"):
+        for message in consumer.consume(100, 0.5):
+            headers = dict(message.headers() or ())
+            if message.error() is not None or headers.get("flowstream-record") != b"event":
+                continue
+            name, datum = read_value(message.value())
+            assert name == "flowstream.EventEnvelope"
+            event_name, event = datum["event"]
+            decoded.append((datum["sequence"], event_name.rsplit(".", 1)[-1], datum, event))
+    consumer.close()
+    assert [d[0] for d in decoded] == list(range(1, len(decoded) + 1))
+    created = decoded[0][3]
+    assert decoded[0][1] == "RunCreated"
+    assert orjson.loads(created["input"]) == {"for": "an independent reader"}
+    assert decoded[-1][1] == "RunCompleted"
+
+
+def test_metrics_are_served_over_http(deployment: tuple[FlowClient, Worker, int]) -> None:
+    client, _, port = deployment
+    runs = [f"metered-{i}" for i in range(5)]
+    for run_id in runs:
+        client.start(run_id, SPEC, {})
+    client.flush()
+    client.wait_all(runs, timeout=60)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    values = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert values['flowstream_step_attempts_total{outcome="completed"}'] >= 15
+    assert values["flowstream_events_appended_total"] >= 5 * 12
+    assert values["flowstream_owned_partitions"] == 8
+    assert values["flowstream_restore_seconds_count"] == 8
+    assert values["flowstream_transaction_seconds_count"] >= 1
+    applied = [
+        v
+        for k, v in values.items()
+        if k.startswith("flowstream_commands_total") and 'outcome="applied"' in k
+    ]
+    assert sum(applied) >= 5
