@@ -9,9 +9,11 @@ The broker is our own (``flowstream dev-kafka`` on port 19392, home
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import platform
+import signal
 import socket
 import statistics
 import subprocess
@@ -110,6 +112,7 @@ class Worker:
     ) -> None:
         self.name = name
         self.metrics_port = metrics_port or free_port()
+        self.wrapped = bool(wrap)
         self.state_dir = state_root / name
         self.log_path = state_root / f"{name}.log"
         state_root.mkdir(parents=True, exist_ok=True)
@@ -169,6 +172,15 @@ class Worker:
         return int(self.metrics().get("flowstream_owned_partitions", 0))
 
     def stop(self, timeout: float = 20) -> int | None:
+        if self.process.poll() is None and self.wrapped:
+            # A profiler wrapping the worker writes its output on SIGINT; then stop the worker.
+            workers = _children(self.pid)
+            self.process.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout)
+            for pid in workers:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGTERM)
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -361,6 +373,30 @@ def procstat(label: str, pids: Iterable[int], *, tree: bool = True) -> dict[str,
     }
 
 
+class SelfUsage:
+    """This process's CPU seconds and peak RSS from now on (``VmHWM`` is reset through
+    ``/proc/self/clear_refs``, so several modes in one process are measured apart)."""
+
+    def __init__(self) -> None:
+        try:
+            with open("/proc/self/clear_refs", "w") as handle:
+                handle.write("5")
+        except OSError:
+            pass
+        self._cpu = sum(os.times()[:2])
+
+    def record(self, label: str) -> dict[str, Any]:
+        hwm, rss, _ = _stat(os.getpid())
+        return {
+            "label": label,
+            "pids": [os.getpid()],
+            "peak_rss_mib_sum": round(hwm / 1024, 1),
+            "max_single_peak_rss_mib": round(hwm / 1024, 1),
+            "rss_now_mib_sum": round(rss / 1024, 1),
+            "cpu_s": round(sum(os.times()[:2]) - self._cpu, 2),
+        }
+
+
 def cpu_seconds(pid: int) -> float:
     try:
         return _stat(pid)[2]
@@ -375,7 +411,7 @@ def fsync_probe(writes: int = 200) -> float:
     """Median ms of one 4 KiB write + fdatasync in this directory's file system (the disk's
     state at the moment: the peers measured 0.12 ms with ``dd oflag=dsync``)."""
     times = []
-    with tempfile.NamedTemporaryFile(dir=ROOT / "benchmarks") as handle:
+    with tempfile.NamedTemporaryFile() as handle:
         block = b"x" * 4096
         for _ in range(writes):
             began = time.perf_counter()

@@ -42,8 +42,9 @@ def prefill(topic: str, messages: int, size: int) -> None:
     for i in range(messages):
         while True:
             try:
-                producer.produce(topic, value=payload, key=f"run-{i}".encode(),
-                                 partition=i % PARTITIONS)
+                producer.produce(
+                    topic, value=payload, key=f"run-{i}".encode(), partition=i % PARTITIONS
+                )
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -75,8 +76,9 @@ def loop(prefix: str, messages: int, interval_ms: int, max_batch: int) -> dict[s
             if not in_txn:
                 producer.begin_transaction()
                 txn_began = time.monotonic()
-            producer.produce(sink, value=message.value(), key=message.key(),
-                             partition=message.partition())
+            producer.produce(
+                sink, value=message.value(), key=message.key(), partition=message.partition()
+            )
             positions[message.partition()] = message.offset() + 1
             in_txn += 1
             done += 1
@@ -108,8 +110,12 @@ def loop(prefix: str, messages: int, interval_ms: int, max_batch: int) -> dict[s
 
 
 def run(
-    messages: int, size: int, interval_ms: int, max_batch: int,
-    flowstream_events_per_s: float | None = None, out: str | None = None,
+    messages: int,
+    size: int,
+    interval_ms: int,
+    max_batch: int,
+    flowstream_events_per_s: float | None = None,
+    out: str | None = None,
 ) -> dict[str, Any]:
     started_broker = harness.ensure_broker()
     try:
@@ -124,13 +130,19 @@ def run(
         if started_broker:
             harness.stop_broker()
     record: dict[str, Any] = {
-        "figure": "kafka_limit", "size": size, "commit_interval_ms": interval_ms,
-        "max_batch": max_batch, **result, **context,
+        "figure": "kafka_limit",
+        "size": size,
+        "commit_interval_ms": interval_ms,
+        "max_batch": max_batch,
+        **result,
+        **context,
     }
-    print(f"plain consume→produce→commit loop: {result['records_per_s']:.0f} records/s "
-          f"({messages} × {size} B, {result['transactions']} transactions, "
-          f"mean commit {result['mean_commit_ms']} ms, {result['commit_share']:.0%} of the wall "
-          f"time in commits)")
+    print(
+        f"plain consume→produce→commit loop: {result['records_per_s']:.0f} records/s "
+        f"({messages} × {size} B, {result['transactions']} transactions, "
+        f"mean commit {result['mean_commit_ms']} ms, {result['commit_share']:.0%} of the wall "
+        f"time in commits)"
+    )
     if flowstream_events_per_s:
         ratio = flowstream_events_per_s / result["records_per_s"]
         record["flowstream_events_per_s"] = flowstream_events_per_s
@@ -149,8 +161,14 @@ def main() -> None:
     parser.add_argument("--flowstream-events-per-s", type=float)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    run(args.messages, args.size, args.commit_interval_ms, args.max_batch,
-        args.flowstream_events_per_s, args.out)
+    run(
+        args.messages,
+        args.size,
+        args.commit_interval_ms,
+        args.max_batch,
+        args.flowstream_events_per_s,
+        args.out,
+    )
 
 
 if __name__ == "__main__":

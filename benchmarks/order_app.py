@@ -12,7 +12,7 @@ from flowstream.model.commands import RuntimeCommand
 from flowstream.model.spec import WorkflowSpec
 from flowstream.replay.context import StepInvocation, WorkflowInvocation
 
-__all__ = ["SPEC", "STEPS", "N_STEPS", "OrderRuntime", "check_result", "make_input", "runtime"]
+__all__ = ["N_STEPS", "SPEC", "STEPS", "OrderRuntime", "check_result", "make_input", "runtime"]
 
 SPEC = WorkflowSpec(name="order")
 

@@ -11,7 +11,7 @@ percentages are of CPU samples):
 Usage::
 
     python -m benchmarks.profile embedded            # the workload, embedded, under py-spy
-    python -m benchmarks.profile kafka               # the worker process of the Kafka workload
+    python -m benchmarks.profile kafka --tp 2000     # the worker process of the Kafka workload
     python -m benchmarks.profile summarize FILE.raw  # any collapsed-stack file
 """
 
@@ -82,16 +82,44 @@ def _pyspy() -> str:
 
 
 def profile_embedded(out: Path, rate: int, extra: list[str]) -> None:
-    command = [_pyspy(), "record", "-r", str(rate), "--format", "raw", "-o", str(out), "--",
-               sys.executable, "-m", "benchmarks.workload", "embedded", "--runs", "1", *extra]
+    command = [
+        _pyspy(),
+        "record",
+        "--nonblocking",
+        "-r",
+        str(rate),
+        "--format",
+        "raw",
+        "-o",
+        str(out),
+        "--",
+        sys.executable,
+        "-m",
+        "benchmarks.workload",
+        "embedded",
+        "--runs",
+        "1",
+        *extra,
+    ]
     subprocess.run(command, cwd=harness.ROOT, check=True)
 
 
 def profile_kafka(out: Path, rate: int, extra: list[str]) -> None:
     """The Kafka workload with its one worker process started under py-spy."""
-    wrap = f"{_pyspy()} record -r {rate} --format raw -o {out} --"
-    command = [sys.executable, "-m", "benchmarks.workload", "kafka", "--workers", "1",
-               "--runs", "1", "--wrap", wrap, *extra]
+    wrap = f"{_pyspy()} record --nonblocking -r {rate} --format raw -o {out} --"
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.workload",
+        "kafka",
+        "--workers",
+        "1",
+        "--runs",
+        "1",
+        "--wrap",
+        wrap,
+        *extra,
+    ]
     subprocess.run(command, cwd=harness.ROOT, check=True)
 
 
@@ -99,13 +127,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=["embedded", "kafka", "summarize"])
     parser.add_argument("file", nargs="?", help="summarize: the collapsed-stack file")
-    parser.add_argument("--rate", type=int, default=200, help="samples per second")
+    parser.add_argument("--rate", type=int, default=100, help="samples per second")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--focus", help="only samples with this text on the stack")
     parser.add_argument("--keep", help="write the raw profile here")
-    parser.add_argument("extra", nargs=argparse.REMAINDER, help="after --: workload options")
-    args = parser.parse_args()
-    extra = [a for a in args.extra if a != "--"]
+    args, extra = parser.parse_known_args()  # the rest goes to benchmarks.workload
+    extra = [a for a in extra if a != "--"]
     if args.what == "summarize":
         if not args.file:
             parser.error("summarize needs a file")
@@ -113,8 +140,10 @@ def main() -> None:
         return
     out = Path(args.keep or tempfile.mktemp(suffix=".raw", prefix=f"profile-{args.what}-"))
     (profile_embedded if args.what == "embedded" else profile_kafka)(out, args.rate, extra)
+    # Only the steady state: the measured loop, not interpreter start-up and imports.
+    focus = args.focus or ("measure" if args.what == "embedded" else "Processor.run")
     print(f"\nprofile of the {args.what} path ({out}):")
-    print(summarize(out, args.top, args.focus))
+    print(summarize(out, args.top, focus))
 
 
 if __name__ == "__main__":

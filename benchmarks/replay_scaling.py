@@ -83,27 +83,41 @@ def run(
     asyncio.run(measure("memory", 50))
     context = harness.machine()
     records = []
-    print(f"replay scaling (fsync 4 KiB now: {context['fsync_4k_ms']} ms, "
-          f"load {context['loadavg_1m']}); best of max(1, {budget}//steps) runs, at most 5")
-    print(f"{'store':>8} {'steps':>7} {'events':>7} {'wall s':>8} {'µs/dec':>8} "
-          f"{'CPU s':>8} {'CPU µs/dec':>10} {'wall x first':>12} {'CPU x first':>11}")
+    print(
+        f"replay scaling (fsync 4 KiB now: {context['fsync_4k_ms']} ms, "
+        f"load {context['loadavg_1m']}); best of max(1, {budget}//steps) runs, at most 5"
+    )
+    print(
+        f"{'store':>8} {'steps':>7} {'events':>7} {'wall s':>8} {'µs/dec':>8} "
+        f"{'CPU s':>8} {'CPU µs/dec':>10} {'wall x first':>12} {'CPU x first':>11}"
+    )
     for kind in stores:
         base: tuple[float, float] | None = None
         for size in sizes:
             repeats = min(5, max(1, budget // size))
             wall, cpu, decisions, events = best_of(kind, size, repeats)
             base = base or (wall, cpu)
-            print(f"{kind:>8} {size:>7} {events:>7} {wall:>8.3f} {wall / decisions * 1e6:>8.1f} "
-                  f"{cpu:>8.3f} {cpu / decisions * 1e6:>10.1f} {wall / base[0]:>11.1f}x "
-                  f"{cpu / base[1]:>10.1f}x")
-            records.append({
-                "figure": "replay_scaling", "store": kind, "steps": size, "events": events,
-                "repeats": repeats, "total_s": round(wall, 3),
-                "us_per_decision": round(wall / decisions * 1e6, 1), "cpu_s": round(cpu, 3),
-                "cpu_us_per_decision": round(cpu / decisions * 1e6, 1),
-                "ratio_to_first": round(wall / base[0], 2),
-                "cpu_ratio_to_first": round(cpu / base[1], 2), **context,
-            })
+            print(
+                f"{kind:>8} {size:>7} {events:>7} {wall:>8.3f} {wall / decisions * 1e6:>8.1f} "
+                f"{cpu:>8.3f} {cpu / decisions * 1e6:>10.1f} {wall / base[0]:>11.1f}x "
+                f"{cpu / base[1]:>10.1f}x"
+            )
+            records.append(
+                {
+                    "figure": "replay_scaling",
+                    "store": kind,
+                    "steps": size,
+                    "events": events,
+                    "repeats": repeats,
+                    "total_s": round(wall, 3),
+                    "us_per_decision": round(wall / decisions * 1e6, 1),
+                    "cpu_s": round(cpu, 3),
+                    "cpu_us_per_decision": round(cpu / decisions * 1e6, 1),
+                    "ratio_to_first": round(wall / base[0], 2),
+                    "cpu_ratio_to_first": round(cpu / base[1], 2),
+                    **context,
+                }
+            )
     if out:
         for record in records:
             harness.emit(record, out)

@@ -79,7 +79,7 @@ async def fill(prefix: str, events: int, state_root: Path, in_flight: int) -> di
 
 def fresh_start(prefix: str, name: str) -> tuple[float, dict[str, float]]:
     """Seconds from spawning a fresh worker (empty state dir) until all partitions are active."""
-    state_root = Path(tempfile.mkdtemp(prefix=f"{prefix}-{name}-", dir=harness.ROOT / "benchmarks"))
+    state_root = Path(tempfile.mkdtemp(prefix=f"{prefix}-{name}-"))
     began = time.monotonic()
     worker = harness.Worker(name, prefix=prefix, state_root=state_root)
     try:
@@ -115,25 +115,32 @@ def run(events: int, repeats: int, in_flight: int, out: str | None) -> dict[str,
             seconds, metrics = fresh_start(prefix, f"fresh{i}")
             full_runs.append(seconds)
             empty_runs.append(fresh_start(empty, f"empty{i}")[0])
-            print(f"  fresh worker: {seconds:.2f} s to own all partitions "
-                  f"(empty topics: {empty_runs[-1]:.2f} s)")
+            print(
+                f"  fresh worker: {seconds:.2f} s to own all partitions "
+                f"(empty topics: {empty_runs[-1]:.2f} s)"
+            )
     finally:
         if started_broker:
             harness.stop_broker()
     restore = min(full_runs) - min(empty_runs)
     rate = filled["events"] / restore if restore > 0 else float("inf")
     record = {
-        "figure": "restore", **filled, "fresh_start_s": round(min(full_runs), 2),
-        "empty_start_s": round(min(empty_runs), 2), "restore_s": round(restore, 2),
-        "events_per_s": round(rate), "worker_restore_seconds_sum": round(
-            metrics.get("flowstream_restore_seconds_sum", 0.0), 2),
+        "figure": "restore",
+        **filled,
+        "fresh_start_s": round(min(full_runs), 2),
+        "empty_start_s": round(min(empty_runs), 2),
+        "restore_s": round(restore, 2),
+        "events_per_s": round(rate),
+        "worker_restore_seconds_sum": round(metrics.get("flowstream_restore_seconds_sum", 0.0), 2),
         "worker_restore_seconds_count": metrics.get("flowstream_restore_seconds_count", 0.0),
         **context,
     }
-    print(f"restore of {filled['events']} events: {restore:.2f} s = {rate:,.0f} events/s "
-          f"(fresh start {min(full_runs):.2f} s − empty start {min(empty_runs):.2f} s; "
-          f"the worker's flowstream_restore_seconds sum over 8 partitions: "
-          f"{record['worker_restore_seconds_sum']} s)")
+    print(
+        f"restore of {filled['events']} events: {restore:.2f} s = {rate:,.0f} events/s "
+        f"(fresh start {min(full_runs):.2f} s − empty start {min(empty_runs):.2f} s; "
+        f"the worker's flowstream_restore_seconds sum over 8 partitions: "
+        f"{record['worker_restore_seconds_sum']} s)"
+    )
     harness.emit(record, out)
     return record
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import tempfile
 import time
@@ -49,7 +48,7 @@ RunOne = Callable[[str, dict[str, Any]], Awaitable[Any]]
 
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
-    k = max(0, min(len(xs) - 1, int(round(p / 100.0 * len(xs) + 0.5)) - 1))
+    k = max(0, min(len(xs) - 1, int(round(p / 100.0 * len(xs) + 0.5)) - 1))  # noqa: RUF046
     return xs[k]
 
 
@@ -97,6 +96,7 @@ async def run_embedded(args: argparse.Namespace) -> list[dict[str, Any]]:
     from flowstream.stores.rocksdb import RocksDBEventStore
 
     records = []
+    usage = harness.SelfUsage()
     context = harness.machine()
     with tempfile.TemporaryDirectory(dir=args.data_dir) as directory:
         store = RocksDBEventStore(directory, sync=True)
@@ -110,7 +110,7 @@ async def run_embedded(args: argparse.Namespace) -> list[dict[str, Any]]:
             result = await measure(run_one, args.lat, args.tp, args.conc, args.warmup)
             records.append({"peer": "flowstream-embedded", "run": str(run), **result, **context})
         store.close()
-    records.append(harness.procstat("flowstream-embedded-process", [os.getpid()]))
+    records.append(usage.record("flowstream-embedded-process"))
     return records
 
 
@@ -118,6 +118,7 @@ async def run_kafka(args: argparse.Namespace) -> list[dict[str, Any]]:
     from flowstream.client import FlowClient
     from flowstream.settings import Settings
 
+    usage = harness.SelfUsage()
     started_broker = harness.ensure_broker()
     prefix = harness.new_prefix(f"wl{args.workers}")
     harness.apply_topics(prefix)
@@ -163,7 +164,8 @@ async def run_kafka(args: argparse.Namespace) -> list[dict[str, Any]]:
             result = await measure(run_one, args.lat, args.tp, args.conc, args.warmup)
             records.append({"peer": label, "run": str(run), **result, **context})
         for worker in workers:
-            records.append(harness.procstat(f"{label}-worker-{worker.name}", [worker.pid]))
+            record = harness.procstat(f"{label}-worker-{worker.name}", [worker.pid])
+            records.append({**record, **worker_counters(worker)})
         if broker:
             records.append(
                 {
@@ -173,7 +175,7 @@ async def run_kafka(args: argparse.Namespace) -> list[dict[str, Any]]:
                     "cpu_s": round(harness.cpu_seconds(broker) - broker_cpu, 2),
                 }
             )
-        records.append(harness.procstat(f"{label}-client-process", [os.getpid()], tree=False))
+        records.append(usage.record(f"{label}-client-process"))
     finally:
         if tracker is not None:
             tracker.close()
@@ -183,6 +185,25 @@ async def run_kafka(args: argparse.Namespace) -> list[dict[str, Any]]:
         if started_broker and not args.keep_broker:
             harness.stop_broker()
     return records
+
+
+def worker_counters(worker: harness.Worker) -> dict[str, Any]:
+    """Transactions, mean commit and decision time, events appended: from the worker's metrics."""
+    m = worker.metrics()
+    commits = m.get("flowstream_transaction_seconds_count", 0.0)
+    decisions = m.get("flowstream_decision_seconds_count", 0.0)
+    return {
+        "transactions": int(commits),
+        "mean_commit_ms": round(
+            m.get("flowstream_transaction_seconds_sum", 0.0) / max(commits, 1) * 1000, 2
+        ),
+        "decisions": int(decisions),
+        "mean_decision_ms": round(
+            m.get("flowstream_decision_seconds_sum", 0.0) / max(decisions, 1) * 1000, 3
+        ),
+        "events_appended": int(m.get("flowstream_events_appended_total", 0.0)),
+        "aborts": int(m.get("flowstream_transaction_aborts_total", 0.0)),
+    }
 
 
 # -- output --------------------------------------------------------------------------------------
@@ -204,8 +225,16 @@ def table(records: list[dict[str, Any]]) -> str:
     lines += ["", "| process | peak RSS MiB | CPU s |", "|---|---|---|"]
     for r in records:
         if "cpu_s" in r:
-            lines.append(f"| {r['label']} ({len(r['pids'])} procs) | {r['peak_rss_mib_sum']} | "
-                         f"{r['cpu_s']} |")
+            counters = (
+                f" {r['transactions']} transactions, mean commit {r['mean_commit_ms']} ms,"
+                f" mean decision {r['mean_decision_ms']} ms"
+                if "transactions" in r
+                else ""
+            )
+            lines.append(
+                f"| {r['label']} ({len(r['pids'])} procs) | {r['peak_rss_mib_sum']} | "
+                f"{r['cpu_s']} |{counters}"
+            )
     return "\n".join(lines)
 
 
@@ -227,7 +256,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=120, help="seconds per run")
     parser.add_argument(
-        "--set", type=_setting, action="append", default=[], metavar="NAME=VALUE",
+        "--set",
+        type=_setting,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
         help="kafka: a worker setting, passed as FLOWSTREAM_NAME (repeatable)",
     )
     parser.add_argument("--wrap", default="", help="kafka: prefix the worker command (py-spy)")

@@ -1,0 +1,220 @@
+"""Failover: with runs in flight, SIGKILL the owner of some partitions; time until every run on
+them progresses again.
+
+Two ``flowstream worker`` processes share the 8 partitions. A client starts order runs at a steady
+``--rate`` and follows every committed event (with the header naming the processor that wrote it).
+After ``--warm`` seconds, the partitions whose latest events the first worker wrote are its own;
+it gets SIGKILL. For every run on those partitions that had started and was not finished at the
+kill, the time until its first event written by another processor is its failover time; the
+figure is the worst of them. Runs started after the kill on those partitions are reported too
+(start → first event), and every run must finish.
+
+Run with the workers' default settings, or e.g. ``--set SESSION_TIMEOUT_MS=3000
+--set TRANSACTION_TIMEOUT_MS=3000`` (liveness, not durability: the broker still fences the dead
+member's transaction before anyone reads past it).
+
+Usage: ``python -m benchmarks.failover [--rate 50] [--warm 5]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import harness
+from benchmarks.order_app import SPEC, check_result, make_input
+from flowstream.client import FlowClient
+from flowstream.partitioning import partition_for
+from flowstream.settings import Settings
+
+
+class Follow:
+    """Per run: its partition, when it was started, its events (time, writer), when it ended."""
+
+    def __init__(self, partitions: int) -> None:
+        self.partitions = partitions
+        self.started: dict[str, float] = {}
+        self.ended: dict[str, float] = {}
+        self.events: dict[str, list[tuple[float, str]]] = {}
+        self.last_writer: dict[int, str] = {}
+        self.lock = threading.Lock()
+
+    def on_event(self, envelope: Any, now: float, partition: int, writer: str) -> None:
+        with self.lock:
+            self.events.setdefault(envelope.run_id, []).append((now, writer))
+            self.last_writer[partition] = writer
+            if envelope.event.type in harness.TERMINAL:
+                self.ended[envelope.run_id] = now
+
+    def partition(self, run_id: str) -> int:
+        return partition_for(run_id, self.partitions)
+
+
+async def drive(args: argparse.Namespace) -> dict[str, Any]:
+    prefix = harness.new_prefix("failover")
+    harness.apply_topics(prefix)
+    env = {f"FLOWSTREAM_{k.upper()}": v for k, v in args.set}
+    state_root = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=args.data_dir))
+    client = FlowClient(
+        Settings(bootstrap=harness.BOOTSTRAP, topic_prefix=prefix, group=f"{prefix}-client")
+    )
+    workers = [
+        harness.Worker(name, prefix=prefix, state_root=state_root, env=env) for name in ("w1", "w2")
+    ]
+    follow = Follow(client.partitions)
+    tracker = None
+    try:
+        harness.wait_owned(workers, client.partitions)
+        tracker = harness.RunTracker(client.settings, asyncio.get_running_loop())
+        tracker.listen(follow.on_event)
+        pending: set[asyncio.Task[None]] = set()
+        stop_load = asyncio.Event()
+        results: dict[str, Any] = {}
+
+        async def one(index: int) -> None:
+            run_id = f"fo-{index}"
+            assert tracker is not None
+            future = tracker.expect(run_id)
+            follow.started[run_id] = time.monotonic()
+            client.start(run_id, SPEC, make_input(index))
+            kind, output = await asyncio.wait_for(future, args.timeout)
+            results[run_id] = output if kind == "run_completed" else kind
+            check_result(index, results[run_id])
+
+        async def load() -> None:
+            index = 0
+            began = time.monotonic()
+            while not stop_load.is_set():
+                task = asyncio.ensure_future(one(index))
+                pending.add(task)
+                index += 1
+                await asyncio.sleep(max(0.0, began + index / args.rate - time.monotonic()))
+
+        loader = asyncio.ensure_future(load())
+        await asyncio.sleep(args.warm)
+        with follow.lock:
+            victim_parts = {p for p, w in follow.last_writer.items() if w == "w1"}
+        killed_at = time.monotonic()
+        workers[0].process.kill()
+        with follow.lock:
+            in_flight = [
+                r
+                for r in follow.started
+                if r not in follow.ended and follow.partition(r) in victim_parts
+            ]
+        print(
+            f"SIGKILL w1 (partitions {sorted(victim_parts)}) with {len(in_flight)} of its runs "
+            f"in flight"
+        )
+
+        # Watch the survivor take over: when it owns all 8 partitions again.
+        owned_all_at = None
+        while time.monotonic() - killed_at < args.after:
+            if owned_all_at is None and workers[1].owned() >= client.partitions:
+                owned_all_at = time.monotonic()
+            with follow.lock:
+                moved = all(
+                    any(t > killed_at and w != "w1" for t, w in follow.events.get(r, []))
+                    for r in in_flight
+                )
+            if moved and owned_all_at is not None:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(2)
+        stop_load.set()
+        await loader
+        done, not_done = await asyncio.wait(pending, timeout=args.timeout)
+        failures = [t.exception() for t in done if t.exception() is not None]
+        survivor = harness.procstat("w2", [workers[1].pid])
+    finally:
+        if tracker is not None:
+            tracker.close()
+        client.close()
+        for worker in workers:
+            if worker.process.poll() is None:
+                worker.stop()
+
+    def first_progress(run_id: str, after: float) -> float | None:
+        times = [t for t, w in follow.events.get(run_id, []) if t > after and w != "w1"]
+        return min(times) - after if times else None
+
+    waits = [first_progress(r, killed_at) for r in in_flight]
+    stuck = sum(w is None for w in waits)
+    waits_s = [w for w in waits if w is not None]
+    new_runs = [
+        r
+        for r, t in follow.started.items()
+        if t > killed_at and follow.partition(r) in victim_parts
+    ]
+    new_waits = [first_progress(r, follow.started[r]) for r in new_runs]
+    new_s = [w for w in new_waits if w is not None]
+    return {
+        "figure": "failover",
+        "settings": env,
+        "rate": args.rate,
+        "victim_partitions": sorted(victim_parts),
+        "in_flight_at_kill": len(in_flight),
+        "failover_max_s": round(max(waits_s), 2) if waits_s else None,
+        "failover_median_s": round(statistics.median(waits_s), 2) if waits_s else None,
+        "never_progressed": stuck,
+        "survivor_owns_all_s": round(owned_all_at - killed_at, 2) if owned_all_at else None,
+        "new_runs_on_victim": len(new_runs),
+        "new_run_first_event_max_s": round(max(new_s), 2) if new_s else None,
+        "runs_started": len(follow.started),
+        "runs_finished": len(results),
+        "runs_failed_or_timed_out": len(failures) + len(not_done),
+        "survivor_cpu_s": survivor["cpu_s"],
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    started_broker = harness.ensure_broker()
+    try:
+        context = harness.machine()
+        record = {**asyncio.run(drive(args)), **context}
+    finally:
+        if started_broker and not args.keep_broker:
+            harness.stop_broker()
+    print(
+        f"failover: every in-flight run of the killed worker progressed again within "
+        f"{record['failover_max_s']} s (median {record['failover_median_s']} s; "
+        f"{record['in_flight_at_kill']} runs; survivor owned all partitions after "
+        f"{record['survivor_owns_all_s']} s; {record['never_progressed']} never progressed; "
+        f"{record['runs_finished']}/{record['runs_started']} runs finished)"
+    )
+    harness.emit(record, args.out)
+    return record
+
+
+def _setting(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError("use NAME=VALUE")
+    return key, value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", type=float, default=50, help="runs started per second")
+    parser.add_argument("--warm", type=float, default=5, help="seconds of load before the kill")
+    parser.add_argument("--after", type=float, default=60, help="longest wait after the kill")
+    parser.add_argument("--timeout", type=float, default=120)
+    parser.add_argument("--set", type=_setting, action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--keep-broker", action="store_true")
+    parser.add_argument("--out", default=None)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

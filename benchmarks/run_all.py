@@ -1,0 +1,184 @@
+"""Every flowstream figure in one command, then one table beside the peers.
+
+Runs, one after another on the bench broker (started here if it is down, stopped after if so):
+
+1. the peers' workload: embedded (RocksDB, sync), Kafka with 1 processor, Kafka with 2;
+2. replay scaling (100 / 1,000 / 10,000 sequential steps);
+3. restore of a partition holding 100,000 events;
+4. failover (SIGKILL one of two processors) with default settings and with the shortest session
+   and transaction timeouts the broker accepts (6 s);
+5. the plain consume→produce→commit Kafka loop, and flowstream's events/s as a ratio of it.
+
+Every JSON line goes to ``--out`` (default ``benchmarks/results/<UTC date>.jsonl``); the table is
+printed at the end and can be printed again from a results file with ``--table FILE``.
+
+Usage: ``python -m benchmarks.run_all [--quick] [--only workload,replay,...]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from benchmarks import failover, harness, kafka_limit, replay_scaling, restore, workload
+
+PEERS = Path("/work/shared/bench/peers/results.jsonl")
+EVENTS_PER_RUN = 12
+PARTS = ("workload", "replay", "restore", "failover", "limit")
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _best(rows: list[dict[str, Any]], peer: str) -> list[dict[str, Any]]:
+    return [r for r in rows if r.get("peer") == peer and "lat_p50_ms" in r]
+
+
+def table(ours: list[dict[str, Any]], peers: list[dict[str, Any]]) -> str:
+    """The workload table (every run of every engine), then the extra figures."""
+    lines = [
+        "| engine | run | seq p50 ms | seq p99 ms | seq mean ms | wf/s (1000, 100 in flight) "
+        "| steps/s | load 1m | fsync 4K ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for source, rows in (("flowstream", ours), ("peer", peers)):
+        for r in rows:
+            if "lat_p50_ms" not in r:
+                continue
+            load = r.get("loadavg_1m", "")
+            fsync = r.get("fsync_4k_ms", "0.12 (dd)" if source == "peer" else "")
+            lines.append(
+                f"| {r['peer']} | {r['run']} | {r['lat_p50_ms']} | {r['lat_p99_ms']} | "
+                f"{r['lat_mean_ms']} | {r['tp_wf_per_s']} | {r['tp_steps_per_s']} | {load} | "
+                f"{fsync} |"
+            )
+    lines += ["", "| process | peak RSS MiB | CPU s |", "|---|---|---|"]
+    for r in ours + peers:
+        if "peak_rss_mib_sum" in r:
+            lines.append(f"| {r['label']} | {r['peak_rss_mib_sum']} | {r['cpu_s']} |")
+        elif "peak_rss_kib" in r:
+            cpu = round(r["user_s"] + r["sys_s"], 2)
+            lines.append(
+                f"| {r['label']} run {r['run']} | {r['peak_rss_kib'] / 1024:.1f} | {cpu} |"
+            )
+    extra = [r for r in ours if "figure" in r]
+    if extra:
+        lines += ["", "| figure | result |", "|---|---|"]
+    for r in extra:
+        lines.append(f"| {r['figure']} | {_describe(r)} |")
+    return "\n".join(lines)
+
+
+def _describe(r: dict[str, Any]) -> str:
+    figure = r["figure"]
+    if figure == "replay_scaling":
+        return (
+            f"{r['store']} {r['steps']} steps: {r['total_s']} s, {r['us_per_decision']} µs "
+            f"per decision ({r['cpu_us_per_decision']} µs CPU), {r['ratio_to_first']}x the "
+            f"100-step run ({r['cpu_ratio_to_first']}x in CPU)"
+        )
+    if figure == "restore":
+        return (
+            f"{r['events']} events restored in {r['restore_s']} s = {r['events_per_s']:,} "
+            f"events/s (fresh start {r['fresh_start_s']} s − empty start "
+            f"{r['empty_start_s']} s)"
+        )
+    if figure == "failover":
+        settings = ", ".join(f"{k}={v}" for k, v in r["settings"].items()) or "defaults"
+        return (
+            f"{settings}: all {r['in_flight_at_kill']} in-flight runs progressed within "
+            f"{r['failover_max_s']} s (median {r['failover_median_s']} s); survivor owned "
+            f"all partitions after {r['survivor_owns_all_s']} s; "
+            f"{r['runs_finished']}/{r['runs_started']} runs finished"
+        )
+    if figure == "kafka_limit":
+        ratio = r.get("flowstream_ratio")
+        tail = (
+            f"; flowstream {r['flowstream_events_per_s']:.0f} events/s = {ratio:.1%}"
+            if ratio is not None
+            else ""
+        )
+        return (
+            f"{r['records_per_s']:.0f} records/s ({r['transactions']} transactions, mean "
+            f"commit {r['mean_commit_ms']} ms){tail}"
+        )
+    return json.dumps(r)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--only", default=",".join(PARTS), help=f"some of {','.join(PARTS)}")
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test")
+    parser.add_argument("--table", metavar="FILE", help="only print the table of a results file")
+    args = parser.parse_args()
+    if args.table:
+        print(table(_rows(Path(args.table)), _rows(PEERS)))
+        return
+    out = Path(
+        args.out or harness.ROOT / "benchmarks" / "results" / f"{datetime.now(UTC):%Y-%m-%d}.jsonl"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    only = set(args.only.split(","))
+    quick = ["--lat", "20", "--tp", "100", "--runs", "1"] if args.quick else []
+    began = time.monotonic()
+    started_broker = harness.ensure_broker()
+    harness.emit(
+        {
+            "figure": "session",
+            "date": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+            "uname": " ".join(os.uname()),
+            **harness.machine(),
+        },
+        str(out),
+    )
+    tp_x1 = None
+    try:
+        if "workload" in only:
+            workload.main(["embedded", "--out", str(out), *quick])
+            for workers in ("1", "2"):
+                rows = workload.main(
+                    ["kafka", "--workers", workers, "--keep-broker", "--out", str(out), *quick]
+                )
+                if workers == "1":
+                    tp_x1 = max(r["tp_wf_per_s"] for r in rows if "tp_wf_per_s" in r)
+        if "replay" in only:
+            sizes = [100, 1000] if args.quick else [100, 1000, 10000]
+            replay_scaling.run(["rocksdb", "memory"], sizes, str(out))
+        if "restore" in only:
+            restore.run(12_000 if args.quick else 100_000, 1 if args.quick else 2, 300, str(out))
+        if "failover" in only:
+            failover.run(failover.parse_args(["--keep-broker", "--out", str(out)]))
+            failover.run(
+                failover.parse_args(
+                    [
+                        "--keep-broker",
+                        "--out",
+                        str(out),
+                        "--set",
+                        "SESSION_TIMEOUT_MS=6000",
+                        "--set",
+                        "TRANSACTION_TIMEOUT_MS=6000",
+                    ]
+                )
+            )
+        if "limit" in only:
+            events = tp_x1 * EVENTS_PER_RUN if tp_x1 else None
+            kafka_limit.run(10_000 if args.quick else 50_000, 112, 20, 500, events, str(out))
+    finally:
+        if started_broker:
+            harness.stop_broker()
+    print(f"\nall figures in {time.monotonic() - began:.0f} s; results in {out}\n")
+    print(table(_rows(out), _rows(PEERS)))
+
+
+if __name__ == "__main__":
+    main()
