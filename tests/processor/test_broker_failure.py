@@ -1,0 +1,70 @@
+"""With three brokers (RF 3, min ISR 2), one broker is SIGKILLed during load: processing goes
+on, every run completes, and the committed histories have no gap and no duplicate."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from flowstream.client import FlowClient
+from flowstream.devkafka import Cluster
+from flowstream.kafka.clients import probe_brokers
+from flowstream.settings import Settings
+from tests.processor.apps import SPEC
+from tests.processor.harness import (
+    Load,
+    Worker,
+    apply_topics,
+    assert_no_duplicate_sequences,
+    raw_events,
+)
+
+pytestmark = [pytest.mark.kafka3, pytest.mark.timeout(420)]
+
+
+def test_losing_one_of_three_brokers_loses_nothing(
+    kafka3_cluster: Cluster, unique_prefix: str, tmp_path: Path
+) -> None:
+    bootstrap = kafka3_cluster.bootstrap
+    deadline = time.monotonic() + 90
+    while len(probe_brokers(bootstrap, 5) or ()) < 3:  # every node registered with the quorum
+        assert time.monotonic() < deadline, "the three brokers did not all register"
+        time.sleep(0.5)
+    apply_topics(bootstrap, unique_prefix, replication_factor=3)
+    workers = [
+        Worker(
+            name,
+            bootstrap=bootstrap,
+            prefix=unique_prefix,
+            group=f"{unique_prefix}-group",
+            state_dir=tmp_path / "state",
+            step_log=tmp_path / "steps.jsonl",
+        )
+        for name in ("b1", "b2")
+    ]
+    client = FlowClient(
+        Settings(bootstrap=bootstrap, topic_prefix=unique_prefix, group=f"{unique_prefix}-c")
+    )
+    victim = 2
+    try:
+        load = Load(client, SPEC, "broker", rate=20, options={"step_sleep_ms": 50})
+        time.sleep(5)
+        before_kill = len(load.run_ids)
+        kafka3_cluster.kill_node(victim)
+        time.sleep(10)
+        run_ids = load.stop()
+        assert before_kill > 30
+        assert len(run_ids) > before_kill + 10, "no run was started while a broker was down"
+        results = client.wait_all(run_ids, timeout=240)
+        logs = "\n".join(w.output()[-1500:] for w in workers)
+        assert {r.status.value for r in results.values()} == {"completed"}, logs
+        records = raw_events(bootstrap, unique_prefix, client.partitions)
+        assert_no_duplicate_sequences(records)
+        assert {r for r, _, t, _ in records if t == "run_completed"} >= set(run_ids)
+    finally:
+        client.close()
+        for worker in workers:
+            worker.stop()
+        kafka3_cluster.start_node(victim)
