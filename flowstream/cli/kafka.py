@@ -10,9 +10,8 @@ the events topic. Same verbs, another meaning and other options (``--bootstrap``
   count: a command routed with another count would land on a partition that does not own its run.
 * Starting is idempotent by run id and signalling by signal id (processors enforce both), so any
   command may be sent again with the same ids.
-* ``hook --token-stdin`` reads a hook token from standard input (without echo on a terminal). No
-  option takes a token and nothing prints one. ``--run`` only routes the command to the partition
-  that owns the run; the processor finds the hook by the token.
+* ``hook --token-stdin`` reads a hook token from standard input (without echo on a terminal) and
+  resumes the hook by the token alone. No option takes a token and nothing prints one.
 * Standard output carries the answer (a confirmation, a snapshot, history lines, a run's output),
   standard error the rest. Exit codes: 0 done; 1 error (broker, topics, unknown run, time out);
   2 bad usage; 3 an awaited run ended without completing.
@@ -30,13 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from pydantic import SecretStr, ValidationError
+from pydantic import ValidationError
 
 from flowstream.client import FlowClient
 from flowstream.errors import FlowError
 from flowstream.kafka import clients
 from flowstream.model.base import JSON
-from flowstream.model.messages import ResumeHook
 from flowstream.model.snapshot import RunStatus, WorkflowRunSnapshot
 from flowstream.model.spec import WorkflowSpec
 from flowstream.settings import Settings
@@ -57,16 +55,7 @@ __all__ = ["register"]
 EXIT_NOT_COMPLETED = 3
 
 
-class CommandClient(FlowClient):
-    """A ``FlowClient`` that can also resume a hook by its token."""
-
-    def resume_hook_by_token(self, token: str, payload: JSON = None, *, route: str) -> None:
-        # The command names no run (a token addresses its hook alone); the key routes it to the
-        # partition of the run that owns the hook.
-        self._send(CMD_HOOK, route, ResumeHook(token=SecretStr(token), payload=payload))
-
-
-_Work = Callable[[argparse.Namespace, CommandClient], int]
+_Work = Callable[[argparse.Namespace, FlowClient], int]
 
 
 _DESCRIPTION = (
@@ -162,8 +151,8 @@ def register(subparsers: Any) -> None:
     hook = add(
         "hook", "resume (or --dispose) a hook by --run and --hook, or by token", _hook, (CMD_HOOK,)
     )
-    hook.add_argument("--run", dest="run_id", required=True, help="the run that owns the hook")
-    hook.add_argument("--hook", dest="hook_id", help="the hook id (not with --token-stdin)")
+    hook.add_argument("--run", dest="run_id", help="the run that owns the hook")
+    hook.add_argument("--hook", dest="hook_id", help="the hook's id in that run")
     hook.add_argument(
         "--token-stdin",
         action="store_true",
@@ -191,7 +180,7 @@ def _handler(
             settings = Settings.from_env(bootstrap=args.bootstrap, topic_prefix=args.topic_prefix)
             topology = load_topology(args.topology)
             _require_topics(settings, topology, suffixes, args.timeout)
-            client = CommandClient(settings, topology=topology)
+            client = FlowClient(settings, topology=topology)
             if reads:
                 return _retrying(work, args, client)
             return work(args, client)
@@ -212,7 +201,7 @@ def _handler(
     return run
 
 
-def _retrying(work: _Work, args: argparse.Namespace, client: CommandClient) -> int:
+def _retrying(work: _Work, args: argparse.Namespace, client: FlowClient) -> int:
     """Run a read-only verb again while the brokers answer with a transient error.
 
     Right after topics are created, a broker may still answer offset requests for a partition
@@ -318,7 +307,7 @@ def _outcome(snapshot: WorkflowRunSnapshot) -> int:
 # -- verbs --------------------------------------------------------------------------------
 
 
-def _start(args: argparse.Namespace, client: CommandClient) -> int:
+def _start(args: argparse.Namespace, client: FlowClient) -> int:
     spec = load_spec(args.workflow)
     data = _json(args.input, "--input")
     client.start(args.run_id, spec, data)
@@ -331,17 +320,17 @@ def _start(args: argparse.Namespace, client: CommandClient) -> int:
     return _outcome(client.wait(args.run_id, timeout=args.timeout))
 
 
-def _wait(args: argparse.Namespace, client: CommandClient) -> int:
+def _wait(args: argparse.Namespace, client: FlowClient) -> int:
     return _outcome(client.wait(args.run_id, timeout=args.timeout))
 
 
-def _status(args: argparse.Namespace, client: CommandClient) -> int:
+def _status(args: argparse.Namespace, client: FlowClient) -> int:
     snapshot = client.snapshot(args.run_id, timeout=args.timeout)
     print(_show(snapshot.model_dump(mode="json")))
     return 0
 
 
-def _history(args: argparse.Namespace, client: CommandClient) -> int:
+def _history(args: argparse.Namespace, client: FlowClient) -> int:
     from flowstream.cli.local import describe
 
     for envelope in client.history(args.run_id, timeout=args.timeout):
@@ -349,7 +338,7 @@ def _history(args: argparse.Namespace, client: CommandClient) -> int:
     return 0
 
 
-def _signal(args: argparse.Namespace, client: CommandClient) -> int:
+def _signal(args: argparse.Namespace, client: FlowClient) -> int:
     payload = _json(args.payload, "--payload")
     client.signal(args.run_id, args.signal_id, args.name, payload)
     client.flush(args.timeout)
@@ -365,17 +354,17 @@ def _read_token() -> str:
     return token
 
 
-def _hook(args: argparse.Namespace, client: CommandClient) -> int:
-    if args.token_stdin and (args.hook_id or args.dispose):
-        raise _UsageError("--token-stdin addresses the hook by its token: drop --hook/--dispose")
-    if not args.token_stdin and not args.hook_id:
-        raise _UsageError("give --hook HOOK_ID, or --token-stdin and the token on stdin")
+def _hook(args: argparse.Namespace, client: FlowClient) -> int:
+    if args.token_stdin and (args.run_id or args.hook_id or args.dispose):
+        raise _UsageError("--token-stdin addresses the hook by its token alone")
+    if not args.token_stdin and not (args.run_id and args.hook_id):
+        raise _UsageError("give --run and --hook, or --token-stdin and the token on stdin")
     if args.dispose and args.payload is not None:
         raise _UsageError("--dispose takes no --payload")
     payload = _json(args.payload, "--payload")
     if args.token_stdin:
-        client.resume_hook_by_token(_read_token(), payload, route=args.run_id)
-        done = f"sent hook resumption by token to run {args.run_id}"
+        client.resume_hook_by_token(_read_token(), payload)
+        done = "sent hook resumption by token"
     elif args.dispose:
         client.dispose_hook(args.run_id, args.hook_id)
         done = f"sent disposal of hook {args.hook_id} to run {args.run_id}"
@@ -387,7 +376,7 @@ def _hook(args: argparse.Namespace, client: CommandClient) -> int:
     return 0
 
 
-def _cancel(args: argparse.Namespace, client: CommandClient) -> int:
+def _cancel(args: argparse.Namespace, client: FlowClient) -> int:
     client.cancel(args.run_id, args.reason, force=args.force)
     client.flush(args.timeout)
     what = "forced cancellation" if args.force else "cancellation request"

@@ -126,10 +126,10 @@ def history_keys(result: Result) -> list[str]:
     return [line.split()[2] for line in lines]
 
 
-def commands_on(bootstrap: str, topic: str, run_id: str) -> list[CommandMessage]:
-    """Every record keyed ``run_id`` on its partition of ``topic``, decoded."""
+def commands_on(bootstrap: str, topic: str, key: str) -> list[CommandMessage]:
+    """Every record with ``key`` on its partition of ``topic``, decoded."""
     consumer = clients.new_consumer(bootstrap, f"{topic}-inspect", {"enable.partition.eof": True})
-    partition = partition_for(run_id, PARTITIONS)
+    partition = partition_for(key, PARTITIONS)
     consumer.assign([clients.TopicPartition(topic, partition, 0)])
     found: list[CommandMessage] = []
     deadline = time.monotonic() + 30
@@ -141,7 +141,7 @@ def commands_on(bootstrap: str, topic: str, run_id: str) -> list[CommandMessage]
                     if error.code() == clients.KafkaError._PARTITION_EOF:
                         return found
                     continue
-                if message.key() == run_id.encode():
+                if message.key() == key.encode():
                     found.append(codec.decode_command(message.value() or b""))
     finally:
         consumer.close()
@@ -164,8 +164,8 @@ def test_an_order_run_is_driven_through_the_cli_alone(cli: Cli, deployment: Depl
     assert waiting["status"] == "suspended"
     assert waiting["steps"]["charge"]["attempt"] == 2  # failed once, retried after its delay
 
-    hooked = cli("hook", "--run", run_id, "--hook", "approval", "--payload", '{"manager": "dana"}')
-    assert (hooked.code, hooked.out) == (0, f"sent resumption of hook approval to run {run_id}\n")
+    hooked = cli("hook", "--token-stdin", "--payload", '{"manager": "dana"}', stdin=f"{token}\n")
+    assert (hooked.code, hooked.out) == (0, "sent hook resumption by token\n")
     status_until(
         cli, run_id, lambda s: s["signal_waits"].get("shipment", {}).get("status") == "waiting"
     )
@@ -240,12 +240,19 @@ def test_start_waits_for_a_run_signalled_before_it_existed(cli: Cli) -> None:
     assert output["approved_by"] is None
 
 
-def test_a_forced_cancellation_ends_the_run(cli: Cli) -> None:
+def test_a_hook_resumed_by_run_and_id_then_a_forced_cancellation(cli: Cli) -> None:
     run_id = f"cancel-{uuid.uuid4().hex[:8]}"
-    assert cli("start", run_id, "--workflow", WORKFLOW, "--input", order(run_id)).code == 0
-    status_until(
+    started = cli(
+        "start", run_id, "--workflow", WORKFLOW, "--input", order(run_id, approval_token="t")
+    )
+    assert started.code == 0, started.err
+    status_until(cli, run_id, lambda s: s["hooks"].get("approval", {}).get("status") == "active")
+    hooked = cli("hook", "--run", run_id, "--hook", "approval", "--payload", '{"manager": "ana"}')
+    assert (hooked.code, hooked.out) == (0, f"sent resumption of hook approval to run {run_id}\n")
+    waiting = status_until(
         cli, run_id, lambda s: s["signal_waits"].get("shipment", {}).get("status") == "waiting"
     )
+    assert waiting["hooks"]["approval"]["payload"] == {"manager": "ana"}
 
     cancelled = cli("cancel", run_id, "--force", "--reason", "customer left")
     assert (cancelled.code, cancelled.out) == (0, f"sent forced cancellation to run {run_id}\n")
@@ -271,25 +278,25 @@ def test_commands_carry_the_ids_and_options_given(cli: Cli, deployment: Deployme
 
 
 def test_a_hook_token_comes_from_stdin_and_is_never_shown(cli: Cli, deployment: Deployment) -> None:
-    run_id = f"token-{uuid.uuid4().hex[:8]}"
     token = f"secret-{uuid.uuid4().hex}"
+    digest = token_digest(token)
+    topic = f"{deployment.prefix}.cmd.hook"
 
-    sent = cli(
-        "hook", "--run", run_id, "--token-stdin", "--payload", '{"ok": true}', stdin=f"{token}\n"
-    )
+    sent = cli("hook", "--token-stdin", "--payload", '{"ok": true}', stdin=f"{token}\n")
 
-    assert (sent.code, sent.out) == (0, f"sent hook resumption by token to run {run_id}\n")
+    assert (sent.code, sent.out) == (0, "sent hook resumption by token\n")
     assert token not in sent.out + sent.err
-    (command,) = commands_on(deployment.bootstrap, f"{deployment.prefix}.cmd.hook", run_id)
+    # Keyed by the token's digest: the partition that indexes the token finds the hook's run.
+    (command,) = commands_on(deployment.bootstrap, topic, digest)
     assert isinstance(command, ResumeHook)
     assert command.token is not None and command.token.get_secret_value() == token
     assert (command.run_id, command.hook_id, command.payload) == (None, None, {"ok": True})
 
-    empty = cli("hook", "--run", run_id, "--token-stdin", stdin="\n")
+    empty = cli("hook", "--token-stdin", stdin="\n")
     assert empty.code == 2 and "held no token" in empty.err
-    both = cli("hook", "--run", run_id, "--hook", "approval", "--token-stdin", stdin=f"{token}\n")
+    both = cli("hook", "--run", "r", "--hook", "approval", "--token-stdin", stdin=f"{token}\n")
     assert both.code == 2 and token not in both.out + both.err
-    assert len(commands_on(deployment.bootstrap, f"{deployment.prefix}.cmd.hook", run_id)) == 1
+    assert len(commands_on(deployment.bootstrap, topic, digest)) == 1
 
 
 def test_errors_say_what_is_wrong(cli: Cli, deployment: Deployment, tmp_path: Path) -> None:
