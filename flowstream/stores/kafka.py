@@ -26,10 +26,14 @@ Each ``append_if_sequence``, in order (the whole of it under the store's lock):
 2. the run's partition store validates the batch (rules 1–5) and stages it: ``_persist``
    produces the envelopes, key = run id, into a new transaction, and the store keeps them in a
    pending ``WriteBatch``;
-3. flush: every event is acknowledged, with its offset;
-4. commit the transaction: the events are durable in Kafka before the call returns;
-5. ``commit_local``: RocksDB gets the staged batch with the events offset it now reflects;
-6. listeners see the batch.
+3. commit the transaction, which first flushes it (every event is acknowledged, and its
+   delivery report gives its offset): the events are durable in Kafka before the call returns;
+4. ``commit_local``: RocksDB gets the staged batch with the events offset it now reflects;
+5. listeners see the batch.
+
+The store never calls ``Producer.flush()``: confluent-kafka 2.16 turns a fatal error (such as
+being fenced) served inside ``flush`` into a broken exception that no ``except`` clause catches,
+while ``commit_transaction`` reports the same error as a ``KafkaException``.
 
 Any Kafka error aborts the transaction, discards the staged batch and every cached state it
 touched, and raises ``FlowError``. Once another store opens with the same ``transactional_id``,
@@ -39,6 +43,7 @@ answering from the local state.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -97,7 +102,12 @@ def _wakeup_order(wakeup: Wakeup) -> tuple[datetime, str, str, str]:
 
 
 class KafkaEventStore(EventStore):
-    """Histories on the Kafka events topic, cached per partition in local RocksDB stores."""
+    """Histories on the Kafka events topic, cached per partition in local RocksDB stores.
+
+    ``prefix`` names the topics (``<prefix>.events``); ``state_dir`` holds one RocksDB per
+    partition; ``transactional_id`` identifies this writer, and the latest store opened with it
+    fences the others; ``timeout`` bounds each Kafka call, and a restore that makes no progress.
+    """
 
     def __init__(
         self,
@@ -125,7 +135,6 @@ class KafkaEventStore(EventStore):
         self._producer: clients.Producer | None = None
         self._txn_open = False
         self._ends: dict[int, int] = {}
-        self._delivery_error: Any = None
         self._failure: FlowError | None = None
         self._closed = False
         try:
@@ -165,6 +174,7 @@ class KafkaEventStore(EventStore):
         with self._lock:
             if self._failure is not None:
                 raise self._failure
+            self._require_producer()
             state = store._state_or_none(run_id)
             if events and (0 if state is None else state.last_sequence) == expected_sequence:
                 # The partition store knows only its own tokens; a token may live anywhere.
@@ -204,11 +214,14 @@ class KafkaEventStore(EventStore):
             if self._closed:
                 return
             self._closed = True
+            if self._txn_open:
+                self._abort(None)
             producer, self._producer = self._producer, None
-            if producer is not None:
-                if self._txn_open:
-                    self._abort(None)
-                producer.close()
+            if producer is not None and self._failure is None:
+                with contextlib.suppress(clients.KafkaException):
+                    producer.close()
+            # A failed producer is not closed: close() would abort and flush it, which can only
+            # fail; dropping the last reference destroys it.
             for store in self._partitions:
                 store.close()
             self._states.clear()
@@ -244,7 +257,6 @@ class KafkaEventStore(EventStore):
             producer.begin_transaction()
             self._txn_open = True
             self._ends.clear()
-            self._delivery_error = None
         partition = partition_for(run_id, self.topology.run_partitions)
         for data in encoded:
             while True:
@@ -274,25 +286,17 @@ class KafkaEventStore(EventStore):
     # -- Kafka ---------------------------------------------------------------------------------
 
     def _sink(self, run_id: str, envelopes: list[EventEnvelope], encoded: list[bytes]) -> None:
+        # Looked up per call, so a replaced ``_persist`` (a subclass, a test) takes effect.
         self._persist(run_id, envelopes, encoded)
 
     def _delivered(self, err: Any, message: Any) -> None:
-        if err is not None:
-            self._delivery_error = err
-        else:
+        # A failed delivery needs no bookkeeping: it makes the commit fail.
+        if err is None:
             partition = message.partition()
             self._ends[partition] = max(self._ends.get(partition, 0), message.offset() + 1)
 
     def _commit(self, run_id: str) -> None:
         producer = self._require_producer()
-        remaining = producer.flush(self._timeout)
-        if remaining or self._delivery_error is not None:
-            problem = self._delivery_error or f"{remaining} event(s) unacknowledged"
-            raise FlowError(
-                f"Kafka did not acknowledge the events of run {run_id} on {self.topic}: "
-                f"{problem}; nothing was appended, retry when the brokers are reachable",
-                run_id=run_id,
-            )
         deadline = time.monotonic() + self._timeout
         while True:
             try:
@@ -328,14 +332,13 @@ class KafkaEventStore(EventStore):
         error = exc.args[0] if exc.args else None
         code = error.code() if isinstance(error, clients.KafkaError) else None
         if code in _FENCED:
-            failure: FlowError = StoreLockedError(
+            self._failure = StoreLockedError(
                 f"another store opened {self.topic} with transactional id "
                 f"{self.transactional_id!r} and fenced this one, which accepts no more appends; "
-                "close it (its committed events are safe on the topic)"
+                "close it (its committed events are safe on the topic)",
+                run_id=run_id,
             )
-            failure.run_id = run_id
-            self._failure = failure
-            return failure
+            return self._failure
         if self._failure is not None:
             return self._failure
         if isinstance(error, clients.KafkaError) and error.fatal():

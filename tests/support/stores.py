@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,15 @@ from flowstream.stores.base import Clock, EventStore, utc_now
 from flowstream.stores.memory import MemoryEventStore
 from tests.support import FakeClock
 
-__all__ = ["STORE_KINDS", "StoreFactory", "clock", "store", "stores"]
+__all__ = [
+    "STORE_KINDS",
+    "StoreFactory",
+    "TopicRecord",
+    "clock",
+    "read_events_topic",
+    "store",
+    "stores",
+]
 
 STORE_KINDS = ("memory", "rocksdb", "kafka")
 _PARAMS = [
@@ -134,7 +143,9 @@ class StoreFactory:
 
             assert isinstance(store, KafkaEventStore)
             dbs = [partition._db for partition in store._partitions]
-            records = b"".join(read_events_topic(store))
+            records = b"".join(
+                r.key + b"".join(r.headers.values()) + r.value for r in read_events_topic(store)
+            )
         return b"".join(bytes(k) + bytes(v) for db in dbs for k, v in db.items()) + records
 
     def _local(self, store: EventStore, run_id: str) -> EventStore:
@@ -183,8 +194,19 @@ def _json(envelope: EventEnvelope) -> bytes:
     return envelope.model_dump_json().encode()
 
 
-def read_events_topic(store: Any) -> list[bytes]:
-    """Every committed record value (and header values) on a ``KafkaEventStore``'s topic."""
+@dataclass(frozen=True)
+class TopicRecord:
+    """One committed record of an events topic."""
+
+    partition: int
+    offset: int
+    key: bytes
+    headers: dict[str, bytes]
+    value: bytes
+
+
+def read_events_topic(store: Any) -> list[TopicRecord]:
+    """Every committed record on a ``KafkaEventStore``'s topic, by partition and offset."""
     from flowstream.kafka import clients
 
     consumer = clients.new_consumer(store.bootstrap, f"{store.topic}.test-reader-unused")
@@ -193,22 +215,27 @@ def read_events_topic(store: Any) -> list[bytes]:
         for partition in range(store.topology.run_partitions):
             tp = clients.TopicPartition(store.topic, partition)
             ends[partition] = consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1]
-        consumer.assign(
-            [clients.TopicPartition(store.topic, p, 0) for p, end in ends.items() if end]
-        )
-        values: list[bytes] = []
         pending = {p for p, end in ends.items() if end}
+        consumer.assign([clients.TopicPartition(store.topic, p, 0) for p in pending])
+        records: list[TopicRecord] = []
         deadline = time.monotonic() + 30
         while pending and time.monotonic() < deadline:
             for message in consumer.consume(num_messages=500, timeout=0.2):
                 if message.error() is None:
-                    values.append(message.value() or b"")
-                    values.extend(v or b"" for _, v in message.headers() or ())
+                    records.append(
+                        TopicRecord(
+                            message.partition() or 0,
+                            message.offset() or 0,
+                            message.key() or b"",
+                            {k: v or b"" for k, v in message.headers() or ()},
+                            message.value() or b"",
+                        )
+                    )
             for tp in consumer.position([clients.TopicPartition(store.topic, p) for p in pending]):
                 if tp.offset >= ends[tp.partition]:
                     pending.discard(tp.partition)
         assert not pending, f"could not read {store.topic} to its end"
-        return values
+        return sorted(records, key=lambda r: (r.partition, r.offset))
     finally:
         consumer.close()
 
