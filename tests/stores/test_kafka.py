@@ -20,6 +20,7 @@ from flowstream.errors import (
     EventConflictError,
     FlowError,
     HookTokenConflictError,
+    PayloadTooLargeError,
     StoreLockedError,
 )
 from flowstream.kafka import clients
@@ -38,6 +39,7 @@ from flowstream.partitioning import partition_for
 from flowstream.processor.partition import PartitionStore
 from flowstream.replay.decide import token_digest
 from flowstream.stores import kafka as kafka_store
+from flowstream.stores.base import MAX_EVENT_BYTES
 from flowstream.stores.kafka import KafkaEventStore
 from flowstream.topology import TopologyError, load_topology
 from tests.support import EPOCH, FakeClock, envelope, make_runtime, run, spec
@@ -350,3 +352,23 @@ def test_a_closed_store_refuses_appends(open_store: Opener) -> None:
     with pytest.raises(FlowError) as caught:
         store.append_if_sequence("r1", 0, [RunCreated(spec=SPEC)])
     assert "closed" in str(caught.value)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=FlowError,
+    reason="topology/topics.toml declares no max.message.bytes for the events topic: the "
+    "broker's default (1048588 bytes a record batch) is below MAX_EVENT_BYTES plus the record's "
+    "key, headers and batch framing, so an event rule 4 accepts can be refused by the broker",
+)
+def test_an_event_rule_4_accepts_fits_the_events_topic(open_store: Opener) -> None:
+    store = open_store("state", clock=FakeClock())
+    shape = envelope("r1", 1, RunCreated(spec=SPEC, input="")).model_copy(
+        update={"event_id": "0" * 32}
+    )
+    size = MAX_EVENT_BYTES - 64 - len(codec.encode_event(shape))
+    try:
+        [created] = store.append_if_sequence("r1", 0, [RunCreated(spec=SPEC, input="x" * size)])
+    except PayloadTooLargeError:  # not the expected failure: the event must be within rule 4
+        pytest.fail("the test event exceeds MAX_EVENT_BYTES")
+    assert MAX_EVENT_BYTES - 80 < len(codec.encode_event(created)) <= MAX_EVENT_BYTES
