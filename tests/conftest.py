@@ -3,8 +3,8 @@
 * ``kafka_bootstrap`` (session): ``$FLOWSTREAM_TEST_KAFKA`` when set, else a single broker started
   with :mod:`flowstream.devkafka` under ``~/.cache/flowstream/test-broker`` on port 19092, stopped
   at the end of the session only if this session started it.
-* ``kafka3_cluster`` (session, lazy): a three-node cluster (ports 29092-29094) for tests marked
-  ``kafka3`` that kill and restart brokers.
+* ``kafka3_cluster`` (session, lazy): a three-node cluster of this session alone (ports 29092-29094,
+  or the next free group), for tests marked ``kafka3`` that kill and restart brokers.
 * ``unique_prefix`` / ``unique_name`` / ``make_topic``: per-test topic and group names.
 * With ``FLOWSTREAM_REQUIRE_KAFKA=1``, a session in which any test marked ``kafka`` or ``kafka3``
   was skipped or deselected exits non-zero and says which.
@@ -22,8 +22,9 @@ from typing import NoReturn
 
 import pytest
 
-from flowstream.devkafka import Cluster, DevKafkaError
+from flowstream.devkafka import DEFAULT_PORT_3, Cluster, DevKafkaError
 from flowstream.devkafka.jars import default_cache_root, ensure_jars
+from flowstream.devkafka.process import port_is_free
 from flowstream.kafka import clients
 
 KAFKA_ENV = "FLOWSTREAM_TEST_KAFKA"
@@ -91,10 +92,24 @@ def kafka_bootstrap() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def kafka3_cluster() -> Iterator[Cluster]:
-    """A three-node cluster (RF 3, min ISR 2) whose nodes tests may kill and restart."""
-    with _running(Cluster(default_cache_root() / "test-cluster3", brokers=3), "") as cluster:
+def kafka3_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A three-node cluster (RF 3, min ISR 2) whose nodes tests may kill and restart.
+
+    Never shared with another pytest session: one session's kill or stop must not land in
+    another's test.
+    """
+    home = tmp_path_factory.mktemp("kafka3")
+    with _running(Cluster(home, brokers=3, port=_free_cluster_base()), "") as cluster:
         yield cluster
+
+
+def _free_cluster_base(first: int = DEFAULT_PORT_3) -> int:
+    """The first base port from ``first`` whose three client and controller ports are free."""
+    for base in range(first, first + 2000, 10):
+        ports = [base + i for i in range(3)] + [base + 100 + i for i in range(3)]
+        if all(port_is_free(port) for port in ports):
+            return base
+    _unavailable(f"no free ports for a three-broker cluster from {first}")
 
 
 # -- names --------------------------------------------------------------------------------
