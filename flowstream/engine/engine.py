@@ -173,11 +173,13 @@ class FlowEngine:
             break
         if drive:
             return await self.drive(run_id)
+        await self.store.wait_durable()
         return self.snapshot(run_id)
 
     async def drive(self, run_id: str, *, now: datetime | None = None) -> WorkflowRunSnapshot:
         """Replay ``run_id`` until it suspends or ends; returns the active run of its chain."""
         state = await self._drive_chain(run_id, now, notify_parent=True)
+        await self.store.wait_durable()
         return state.snapshot()
 
     def snapshot(self, run_id: str) -> WorkflowRunSnapshot:
@@ -220,7 +222,7 @@ class FlowEngine:
             if wait is None:
                 raise InvalidTransitionError(f"wait {wait_id} does not exist", run_id=run_id)
             if state.is_terminal or wait.status is not WaitStatus.WAITING:
-                return state.snapshot()
+                return await self._reported(state)
             if moment < wait.resume_at:
                 raise InvalidTransitionError(
                     f"wait {wait_id} is due at {wait.resume_at.isoformat()}, not yet",
@@ -265,7 +267,7 @@ class FlowEngine:
             existing = state.signals.get(signal_id)
             if existing is not None:
                 if existing.name == name and existing.payload == payload:
-                    return state.snapshot()
+                    return await self._reported(state)
                 raise RunConflictError(
                     f"run {state.run_id}: signal {signal_id} was already received with "
                     "another name or payload",
@@ -299,7 +301,7 @@ class FlowEngine:
                 raise InvalidTransitionError(f"hook {hook_id} does not exist", run_id=run_id)
             if hook.received:
                 if hook.payload == payload:
-                    return (await self._leaf(run_id)).snapshot()
+                    return await self._reported(await self._leaf(run_id))
                 raise RunConflictError(
                     f"run {run_id}: hook {hook_id} was already resumed with another payload",
                     run_id=run_id,
@@ -330,7 +332,7 @@ class FlowEngine:
             if hook is None:
                 raise InvalidTransitionError(f"hook {hook_id} does not exist", run_id=run_id)
             if state.is_terminal or hook.status not in (HookStatus.ACTIVE, HookStatus.RECEIVED):
-                return state.snapshot()
+                return await self._reported(state)
             try:
                 self.store.append_if_sequence(
                     run_id, state.last_sequence, [HookDisposed(hook_id=hook_id)]
@@ -358,7 +360,7 @@ class FlowEngine:
         while True:
             state = await self._leaf(run_id)
             if state.is_terminal:
-                return state.snapshot()
+                return await self._reported(state)
             if state.cancellation is not None:
                 if state.cancellation.reason != reason:
                     raise RunConflictError(
@@ -406,6 +408,7 @@ class FlowEngine:
                 continue
             final = self.store.state(state.run_id)
             await self._after_terminal(final, None, notify_parent=notify_parent)
+            await self.store.wait_durable()
             return final
 
     # -- inspection -----------------------------------------------------------------------
@@ -456,6 +459,11 @@ class FlowEngine:
         return WorkflowRunSummary(total_runs=len(runs), by_status=by_status, **counts)
 
     # -- the replay cycle -----------------------------------------------------------------
+
+    async def _reported(self, state: RunState) -> WorkflowRunSnapshot:
+        """A snapshot for a caller: only once what it shows is durable."""
+        await self.store.wait_durable()
+        return state.snapshot()
 
     def _admit(self, run_id: str, spec: WorkflowSpec) -> None:
         if not self.builds.admits(spec.runtime_build_id):
@@ -548,6 +556,7 @@ class FlowEngine:
                 if decision.events:
                     self.store.append_if_sequence(run_id, expected, decision.events)
                 if decision.run_steps:
+                    await self.store.wait_durable()  # step_started is durable before any handler
                     if await self._run_steps(run_id, decision.run_steps, now):
                         continue
                     return self.store.state(run_id)

@@ -707,31 +707,42 @@ class Processor:
         self._produce(self.topics[EVENTS], owned.partition, run_id, value, headers)
 
     async def _drain(self, owned: Owned, run_id: str | None) -> None:
-        """Retry parked commands (of one run, or all); each applies once, then leaves the inbox."""
-        for parked_run, inbox_id, raw in list(owned.store.parked(run_id)):
-            reason = None
-            try:
-                await self._apply(owned, codec.decode_command(raw))
-            except _Park:
-                continue
-            except FlowError as exc:
-                reason = str(exc)
-            owned.store.unpark(parked_run, inbox_id)
-            self._produce(
-                self.topics[EVENTS],
+        """Retry parked commands (of one run, or all) until none applies; each applies once,
+        then leaves the inbox. Applying one may unblock another (a signal makes the run create
+        the hook a parked resume waits for), so passes repeat while something applied."""
+        progress = True
+        while progress:
+            progress = False
+            for parked_run, inbox_id, raw in list(owned.store.parked(run_id)):
+                if await self._retry_parked(owned, parked_run, inbox_id, raw):
+                    progress = True
+
+    async def _retry_parked(self, owned: Owned, parked_run: str, inbox_id: str, raw: bytes) -> bool:
+        """Apply one parked command; False if it still has to wait."""
+        reason = None
+        try:
+            await self._apply(owned, codec.decode_command(raw))
+        except _Park:
+            return False
+        except FlowError as exc:
+            reason = str(exc)
+        owned.store.unpark(parked_run, inbox_id)
+        self._produce(
+            self.topics[EVENTS],
+            owned.partition,
+            parked_run,
+            _join_inbox(parked_run, inbox_id, b""),
+            [(RECORD_HEADER, b"inbox-done")],
+        )
+        if reason is not None:
+            self._produce_dead_letter(
                 owned.partition,
-                parked_run,
-                _join_inbox(parked_run, inbox_id, b""),
-                [(RECORD_HEADER, b"inbox-done")],
+                parked_run.encode(),
+                raw,
+                f"parked command failed: {reason}",
+                source=inbox_id,
             )
-            if reason is not None:
-                self._produce_dead_letter(
-                    owned.partition,
-                    parked_run.encode(),
-                    raw,
-                    f"parked command failed: {reason}",
-                    source=inbox_id,
-                )
+        return True
 
     # -- dead letters ---------------------------------------------------------------------
 
@@ -854,6 +865,8 @@ class Processor:
             )
             if recorded:
                 await owned.engine.drive(run_id)
+                # The run moved on (e.g. it created the hook a parked resume waits for).
+                await self._drain(owned, run_id)
 
         await self._guard(owned, run_id, work())
         self.metrics.decision_seconds.observe(time.perf_counter() - began)

@@ -17,6 +17,8 @@ Rules every store keeps (the conformance suite in ``tests/stores`` proves each o
    there is none); ``state(run_id)`` returns its validated projection.
 7. Due timers and delayed retries are kept in an index by due time, updated in the same atomic
    write as the events, so ``due_wakeups(now)`` never scans histories.
+8. After ``await wait_durable()`` returns, every append made before the call survives a crash or a
+   power loss (appends are atomic and ordered, so a lost tail is a prefix cut, never a hole).
 """
 
 from __future__ import annotations
@@ -169,6 +171,13 @@ class EventStore(ABC):
 
     def close(self) -> None:
         """Release resources; the default does nothing."""
+
+    async def wait_durable(self) -> None:
+        """Return once every append made so far survives a power loss.
+
+        Hosts call it before a step handler runs and before they report a run's state, so a
+        store may commit appends to disk in groups. The default stores are durable at once.
+        """
 
     # -- what a backend provides -----------------------------------------------------------
 

@@ -7,12 +7,15 @@ Key layout (one RocksDB, raw bytes):
 ``w<due µs:8 BE>\\0<run>\\0<kind>\\0<subject>``   the wakeup index, scanned by due time
 ``h<token digest>``             ``<run_id>\\0<hook_id>`` of the hook that claimed the token
 
-An append and every index change it causes go in one ``WriteBatch``, written with ``sync`` so a
-committed event survives a power loss. Only this module imports ``rocksdict``.
+An append and every index change it causes go in one ``WriteBatch``. With ``sync="group"`` (the
+default) batches go to the write-ahead log at once and ``wait_durable`` fsyncs it for every append
+made so far, one fsync shared by all the runs that wait together (group commit); ``sync="always"``
+fsyncs every batch. Only this module imports ``rocksdict``.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -61,7 +64,7 @@ class RocksDBEventStore(EventStore):
         path: str | Path,
         *,
         clock: Clock = utc_now,
-        sync: bool = True,
+        sync: str | bool = "group",
         cache_runs: int = 20_000,
     ) -> None:
         super().__init__(clock=clock)
@@ -78,8 +81,13 @@ class RocksDBEventStore(EventStore):
                     "another directory"
                 ) from exc
             raise
+        if sync not in ("group", "always", True, False):
+            raise ValueError('sync must be "group" or "always"')
         self._write_options = WriteOptions()
-        self._write_options.sync = sync
+        self._write_options.sync = sync in ("always", True)
+        self._written = 0
+        self._synced = 0
+        self._flushing: asyncio.Future[None] | None = None
         self._cache_runs = cache_runs
         self._closed = False
 
@@ -150,6 +158,25 @@ class RocksDBEventStore(EventStore):
         for digest, owner_run, hook_id in changes.claimed_hooks:
             batch.put(b"h" + digest.encode(), f"{owner_run}\0{hook_id}".encode())
         self._db.write(batch, self._write_options)
+        self._written += 1
+        if self._write_options.sync:
+            self._synced = self._written
+
+    async def wait_durable(self) -> None:
+        """Group commit: one fsync of the write-ahead log covers every append made before it."""
+        target = self._written
+        while self._synced < target:
+            if self._flushing is None:
+                self._flushing = asyncio.ensure_future(self._flush_wal())
+            await asyncio.shield(self._flushing)
+
+    async def _flush_wal(self) -> None:
+        covered = self._written
+        try:
+            await asyncio.to_thread(self._db.flush_wal, True)
+            self._synced = max(self._synced, covered)
+        finally:
+            self._flushing = None
 
     def _remember(self, run_id: str, state: RunState) -> None:
         if len(self._states) >= self._cache_runs:
@@ -161,6 +188,8 @@ class RocksDBEventStore(EventStore):
             if not self._closed:
                 self._closed = True
                 self._states.clear()
+                if self._synced < self._written:
+                    self._db.flush_wal(True)
                 self._db.close()
 
     def __enter__(self) -> RocksDBEventStore:

@@ -168,3 +168,21 @@ def _hook_open(client: FlowClient, run_id: str) -> bool:
         return "approval" in client.snapshot(run_id, timeout=5).hooks
     except FlowError:
         return False
+
+
+def test_a_signal_and_a_hook_resume_sent_before_start_both_apply(
+    deployment: tuple[FlowClient, Worker, Path],
+) -> None:
+    """The hook does not exist until the signal moved the run on: the parked resume must be
+    retried once that happened, not only when another command arrives."""
+    client, worker, _ = deployment
+    token = "early-hook-token-" + "y" * 30
+    client.signal("both-early", "sig-early", "go", {"first": True})
+    client.resume_hook("both-early", "approval", {"approved": True})
+    client.flush()
+    client.start("both-early", SPEC, {"signal": True, "hook_digest": token_digest(token)})
+    client.flush()
+    result = client.wait("both-early", timeout=60)
+    assert result.status.value == "completed", worker.output()[-2000:]
+    assert result.output["go"] == {"first": True}  # type: ignore[index]
+    assert result.output["approval"] == {"approved": True}  # type: ignore[index]
