@@ -70,6 +70,8 @@ class TopicSpec(BaseModel):
     cleanup_policy: Literal["delete", "compact"]
     retention_ms: int = Field(ge=-1)
     retention_bytes: int = Field(ge=-1)
+    #: Largest record the topic accepts; ``None`` keeps the broker's default (about 1 MB).
+    max_message_bytes: int | None = Field(default=None, ge=1024)
     description: str = ""
 
     @property
@@ -94,6 +96,11 @@ class TopicSpec(BaseModel):
             "cleanup.policy": self.cleanup_policy,
             "retention.ms": str(self.retention_ms),
             "retention.bytes": str(self.retention_bytes),
+            **(
+                {"max.message.bytes": str(self.max_message_bytes)}
+                if self.max_message_bytes is not None
+                else {}
+            ),
             "min.insync.replicas": str(min(self.min_insync_replicas, replicas)),
         }
 

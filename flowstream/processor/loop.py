@@ -56,11 +56,11 @@ from flowstream.model.messages import (
 from flowstream.partitioning import partition_for
 from flowstream.processor.engine import PartitionEngine
 from flowstream.processor.metrics import ProcessorMetrics
-from flowstream.processor.partition import PartitionStore
 from flowstream.replay.decide import token_digest
 from flowstream.runtime import FlowRuntime
 from flowstream.settings import Settings
 from flowstream.stores.base import Clock, utc_now
+from flowstream.stores.partition import PartitionStore
 from flowstream.topology import (
     CMD_CANCEL,
     CMD_HOOK,
@@ -187,6 +187,7 @@ class Processor:
             f"{s.group}-{s.instance_id}",
             {
                 "transaction.timeout.ms": s.transaction_timeout_ms,
+                "message.max.bytes": 4 * 1024 * 1024,
                 "linger.ms": 1,
                 "on_delivery": self._delivered,
             },
@@ -321,15 +322,18 @@ class Processor:
             if position >= 0
         ]
         try:
-            remaining = self.producer.flush(30)
-            if remaining or self._delivery_error is not None:
-                raise _Abort(f"delivery failed: {self._delivery_error or remaining}")
             if not offsets:
                 raise _Abort("no valid consumer positions to gate the transaction")
             self.producer.send_offsets_to_transaction(
                 offsets, self.consumer.consumer_group_metadata(), 30
             )
+            # commit_transaction flushes and fails on any undelivered record (flush() itself
+            # cannot be trusted once the producer is fenced); then serve the delivery reports,
+            # which carry the events offsets the local batches record.
             self.producer.commit_transaction(30)
+            self.producer.poll(0)
+            if self._delivery_error is not None:
+                raise _Abort(f"delivery failed: {self._delivery_error}")
         except (clients.KafkaException, _Abort) as exc:
             self._abort(str(exc))
             if isinstance(exc, clients.KafkaException) and exc.args[0].fatal():
@@ -491,6 +495,21 @@ class Processor:
             await self._activate(owned)
 
     def _restore_record(self, owned: Owned, message: Any) -> None:
+        """Apply one record of the events partition; a record that is not a valid event of its
+        run is reported and skipped, so a bad record can never crash-loop the processor."""
+        try:
+            self._restore_one(owned, message)
+        except (FlowError, ValueError) as exc:
+            self.metrics.corrupt_records.inc()
+            LOG.error(
+                "skipping record %s[%d]@%d while restoring: %s",
+                message.topic(),
+                message.partition(),
+                message.offset(),
+                exc,
+            )
+
+    def _restore_one(self, owned: Owned, message: Any) -> None:
         kind = dict(message.headers() or ()).get(RECORD_HEADER, b"event")
         value = message.value()
         if kind == b"event":

@@ -38,6 +38,11 @@ class ProcessorMetrics:
         self.dead_letters = Counter(
             "flowstream_dead_letters", "Records sent to the dead-letter topic", registry=r
         )
+        self.corrupt_records = Counter(
+            "flowstream_corrupt_records",
+            "Records of the events topic skipped during restore because they are not valid events",
+            registry=r,
+        )
         self.aborts = Counter("flowstream_transaction_aborts", "Aborted transactions", registry=r)
         self.parked_for_build = Counter(
             "flowstream_parked_for_build",

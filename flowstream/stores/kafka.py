@@ -3,7 +3,7 @@
 One process owns every partition of the events topic; there is no consumer group. This is the
 store for running embedded over Kafka, and the one the conformance and engine suites prove against
 a real broker. Each partition keeps the processor's own state store
-(:class:`~flowstream.processor.partition.PartitionStore`, a local RocksDB that caches its events
+(:class:`~flowstream.stores.partition.PartitionStore`, a local RocksDB that caches its events
 partition), and that store is the sequence authority for the partition's runs, exactly as in a
 processor. The store sits beside the processor's code rather than below it because it reuses that
 state store; nothing in ``processor`` imports this module.
@@ -55,7 +55,6 @@ from flowstream.kafka import clients
 from flowstream.model.events import EventEnvelope, FlowEvent, HookCreated
 from flowstream.model.snapshot import HookStatus
 from flowstream.partitioning import partition_for
-from flowstream.processor.partition import PartitionStore
 from flowstream.replay.state import RunState, Wakeup
 from flowstream.stores.base import (
     MAX_EVENT_BYTES,
@@ -65,6 +64,7 @@ from flowstream.stores.base import (
     IndexChanges,
     utc_now,
 )
+from flowstream.stores.partition import PartitionStore
 from flowstream.topology import EVENTS, Topology, TopologyError, load_topology
 
 __all__ = ["RECORD_HEADER", "WRITER_HEADER", "KafkaEventStore"]

@@ -36,11 +36,11 @@ from flowstream.model.events import (
 )
 from flowstream.model.snapshot import RunStatus
 from flowstream.partitioning import partition_for
-from flowstream.processor.partition import PartitionStore
 from flowstream.replay.decide import token_digest
 from flowstream.stores import kafka as kafka_store
 from flowstream.stores.base import MAX_EVENT_BYTES
 from flowstream.stores.kafka import KafkaEventStore
+from flowstream.stores.partition import PartitionStore
 from flowstream.topology import TopologyError, load_topology
 from tests.support import EPOCH, FakeClock, envelope, make_runtime, run, spec
 from tests.support.stores import StoreFactory, read_events_topic
@@ -354,13 +354,6 @@ def test_a_closed_store_refuses_appends(open_store: Opener) -> None:
     assert "closed" in str(caught.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=FlowError,
-    reason="topology/topics.toml declares no max.message.bytes for the events topic: the "
-    "broker's default (1048588 bytes a record batch) is below MAX_EVENT_BYTES plus the record's "
-    "key, headers and batch framing, so an event rule 4 accepts can be refused by the broker",
-)
 def test_an_event_rule_4_accepts_fits_the_events_topic(open_store: Opener) -> None:
     store = open_store("state", clock=FakeClock())
     shape = envelope("r1", 1, RunCreated(spec=SPEC, input="")).model_copy(

@@ -22,7 +22,7 @@ from pathlib import Path
 from rocksdict import WriteBatch
 
 from flowstream import codec
-from flowstream.errors import PayloadTooLargeError, SerializationError
+from flowstream.errors import PayloadTooLargeError
 from flowstream.model.events import EventEnvelope, HookCreated
 from flowstream.model.snapshot import StepStatus
 from flowstream.replay.state import RunState
@@ -158,10 +158,7 @@ class PartitionStore(RocksDBEventStore):
 
     def restore_event(self, raw: bytes) -> bool:
         """Apply one committed event read back from the events topic; False if already held."""
-        try:
-            envelope = codec.decode_event(raw)
-        except SerializationError:
-            raise
+        envelope = codec.decode_event(raw)
         state = self._state_or_none(envelope.run_id)
         if state is not None and envelope.sequence <= state.last_sequence:
             return False
