@@ -422,9 +422,14 @@ def fsync_probe(writes: int = 200) -> float:
 
 
 def machine() -> dict[str, Any]:
-    """Cores, load average and the fsync cost right now (the machine is shared and noisy)."""
+    """The flowstream commit, cores, load average and the fsync cost right now (the machine is
+    shared and noisy)."""
     load1, load5, _ = os.getloadavg()
+    commit = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     return {
+        "commit": commit,
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "loadavg_1m": round(load1, 2),
