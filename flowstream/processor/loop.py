@@ -257,13 +257,17 @@ class Processor:
     # -- the loop -------------------------------------------------------------------------
 
     async def _iteration(self) -> None:
-        busy = bool(self._results or self._tasks or self._txn_open)
         restoring = any(o.restoring for o in self._owned.values())
-        timeout = 0.0 if (busy or restoring) else 0.05
-        assert self._loop is not None
-        messages = await self._loop.run_in_executor(
-            None, lambda: self.consumer.consume(num_messages=500, timeout=timeout)
-        )
+        if self._results or restoring:
+            messages = self.consumer.consume(num_messages=500, timeout=0)
+        else:
+            # Nothing queued here: block in a thread so running steps (async handlers on this
+            # loop, sync ones in the pool) make progress; wake soon when steps are in flight.
+            timeout = 0.005 if self._tasks else 0.05
+            assert self._loop is not None
+            messages = await self._loop.run_in_executor(
+                None, lambda: self.consumer.consume(num_messages=500, timeout=timeout)
+            )
         if self._fatal is not None:
             raise self._fatal
         self.metrics.owned_partitions.set(sum(not o.restoring for o in self._owned.values()))
@@ -274,13 +278,14 @@ class Processor:
         while self._results:
             await self._step_result(*self._results.popleft())
         self._fire_timers()
+        # Commit as soon as nothing more is waiting (low latency when idle), and at the latest
+        # after the commit interval or a full batch (throughput under load).
         if self._txn_open and (
-            time.monotonic() - self._txn_began >= self.settings.commit_interval_ms / 1000
+            not messages
+            or time.monotonic() - self._txn_began >= self.settings.commit_interval_ms / 1000
             or self._txn_commands >= self.settings.max_commands_per_transaction
         ):
             self._commit()
-        if busy and not messages:
-            await asyncio.sleep(0.001)
 
     # -- transactions ---------------------------------------------------------------------
 
