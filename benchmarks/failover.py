@@ -133,12 +133,11 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
         failures = [t.exception() for t in done if t.exception() is not None]
         survivor = harness.procstat("w2", [workers[1].pid])
     finally:
+        for worker in workers:
+            worker.stop()
         if tracker is not None:
             tracker.close()
         client.close()
-        for worker in workers:
-            if worker.process.poll() is None:
-                worker.stop()
 
     def first_progress(run_id: str, after: float) -> float | None:
         times = [t for t, w in follow.events.get(run_id, []) if t > after and w != "w1"]

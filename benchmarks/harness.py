@@ -181,6 +181,12 @@ class Worker:
             for pid in workers:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            for pid in workers:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -198,6 +204,14 @@ class Worker:
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def wait_owned(workers: list[Worker], partitions: int, timeout: float = 120) -> float:

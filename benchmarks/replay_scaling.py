@@ -85,7 +85,7 @@ def run(
     records = []
     print(
         f"replay scaling (fsync 4 KiB now: {context['fsync_4k_ms']} ms, "
-        f"load {context['loadavg_1m']}); best of max(1, {budget}//steps) runs, at most 5"
+        f"load {context['loadavg_1m']}); best of max(1, {budget}//steps) runs, at most 10"
     )
     print(
         f"{'store':>8} {'steps':>7} {'events':>7} {'wall s':>8} {'µs/dec':>8} "
@@ -94,7 +94,7 @@ def run(
     for kind in stores:
         base: tuple[float, float] | None = None
         for size in sizes:
-            repeats = min(5, max(1, budget // size))
+            repeats = min(10, max(1, budget // size))
             wall, cpu, decisions, events = best_of(kind, size, repeats)
             base = base or (wall, cpu)
             print(

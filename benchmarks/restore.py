@@ -71,8 +71,8 @@ async def fill(prefix: str, events: int, state_root: Path, in_flight: int) -> di
         await asyncio.sleep(0.5)
         tracker.close()
     finally:
-        client.close()
         worker.stop()
+        client.close()
     print(f"filled partition 0 with {runs} runs, {counted['events']} events in {elapsed:.1f} s")
     return {"runs": runs, "events": counted["events"], "fill_s": round(elapsed, 1)}
 

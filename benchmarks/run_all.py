@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,7 +44,10 @@ def _best(rows: list[dict[str, Any]], peer: str) -> list[dict[str, Any]]:
 
 
 def table(ours: list[dict[str, Any]], peers: list[dict[str, Any]]) -> str:
-    """The workload table (every run of every engine), then the extra figures."""
+    """The workload table (every run of every engine), then resources and the extra figures.
+
+    Peer rows from ``ours`` were rerun in this session (``--peers``); the others are the peers'
+    recorded results."""
     lines = [
         "| engine | run | seq p50 ms | seq p99 ms | seq mean ms | wf/s (1000, 100 in flight) "
         "| steps/s | load 1m | fsync 4K ms |",
@@ -53,22 +57,24 @@ def table(ours: list[dict[str, Any]], peers: list[dict[str, Any]]) -> str:
         for r in rows:
             if "lat_p50_ms" not in r:
                 continue
+            name = f"{r['peer']} (rerun, this session)" if r.get("rerun") else r["peer"]
+            if source == "peer":
+                name = f"{name} (recorded 2026-11-30)"
             load = r.get("loadavg_1m", "")
             fsync = r.get("fsync_4k_ms", "0.12 (dd)" if source == "peer" else "")
             lines.append(
-                f"| {r['peer']} | {r['run']} | {r['lat_p50_ms']} | {r['lat_p99_ms']} | "
+                f"| {name} | {r['run']} | {r['lat_p50_ms']} | {r['lat_p99_ms']} | "
                 f"{r['lat_mean_ms']} | {r['tp_wf_per_s']} | {r['tp_steps_per_s']} | {load} | "
                 f"{fsync} |"
             )
     lines += ["", "| process | peak RSS MiB | CPU s |", "|---|---|---|"]
     for r in ours + peers:
+        label = f"{r.get('label')} (rerun)" if r.get("rerun") else r.get("label")
         if "peak_rss_mib_sum" in r:
-            lines.append(f"| {r['label']} | {r['peak_rss_mib_sum']} | {r['cpu_s']} |")
+            lines.append(f"| {label} | {r['peak_rss_mib_sum']} | {r['cpu_s']} |")
         elif "peak_rss_kib" in r:
             cpu = round(r["user_s"] + r["sys_s"], 2)
-            lines.append(
-                f"| {r['label']} run {r['run']} | {r['peak_rss_kib'] / 1024:.1f} | {cpu} |"
-            )
+            lines.append(f"| {label} run {r['run']} | {r['peak_rss_kib'] / 1024:.1f} | {cpu} |")
     extra = [r for r in ours if "figure" in r]
     if extra:
         lines += ["", "| figure | result |", "|---|---|"]
@@ -99,6 +105,11 @@ def _describe(r: dict[str, Any]) -> str:
             f"all partitions after {r['survivor_owns_all_s']} s; "
             f"{r['runs_finished']}/{r['runs_started']} runs finished"
         )
+    if figure == "session":
+        return (
+            f"{r['date']}, flowstream {r['commit']}, {r['cores']} cores, Python "
+            f"{r['python']}, load {r['loadavg_1m']}, fsync 4 KiB {r['fsync_4k_ms']} ms"
+        )
     if figure == "kafka_limit":
         ratio = r.get("flowstream_ratio")
         tail = (
@@ -113,12 +124,31 @@ def _describe(r: dict[str, Any]) -> str:
     return json.dumps(r)
 
 
+def rerun_peers(peers: str, out: Path) -> None:
+    """Run the peers' own harness now (``run_all.sh`` with ``PEERS``), its lines into ``out``
+    marked ``"rerun": true``; the shared ``results.jsonl`` is left alone."""
+    script = PEERS.parent / "run_all.sh"
+    scratch = out.with_suffix(".peers.tmp")
+    env = {**os.environ, "PEERS": peers.replace(",", " "), "OUT": str(scratch)}
+    subprocess.run(["bash", str(script)], env=env, check=False)
+    load = round(os.getloadavg()[0], 2)
+    for row in _rows(scratch):
+        harness.emit({**row, "rerun": True, "loadavg_1m": load}, str(out))
+    scratch.unlink(missing_ok=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=None)
     parser.add_argument("--only", default=",".join(PARTS), help=f"some of {','.join(PARTS)}")
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test")
     parser.add_argument("--table", metavar="FILE", help="only print the table of a results file")
+    parser.add_argument(
+        "--peers",
+        default="",
+        help="also rerun these peers right after the workload (e.g. restate; needs their "
+        "install, see ../shared/bench/peers/README.md)",
+    )
     args = parser.parse_args()
     if args.table:
         print(table(_rows(Path(args.table)), _rows(PEERS)))
@@ -150,6 +180,8 @@ def main() -> None:
                 )
                 if workers == "1":
                     tp_x1 = max(r["tp_wf_per_s"] for r in rows if "tp_wf_per_s" in r)
+            if args.peers:
+                rerun_peers(args.peers, out)
         if "replay" in only:
             sizes = [100, 1000] if args.quick else [100, 1000, 10000]
             replay_scaling.run(["rocksdb", "memory"], sizes, str(out))

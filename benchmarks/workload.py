@@ -177,11 +177,11 @@ async def run_kafka(args: argparse.Namespace) -> list[dict[str, Any]]:
             )
         records.append(usage.record(f"{label}-client-process"))
     finally:
+        for worker in workers:
+            worker.stop()
         if tracker is not None:
             tracker.close()
         client.close()
-        for worker in workers:
-            worker.stop()
         if started_broker and not args.keep_broker:
             harness.stop_broker()
     return records
