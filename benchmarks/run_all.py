@@ -100,9 +100,10 @@ def _describe(r: dict[str, Any]) -> str:
     if figure == "failover":
         settings = ", ".join(f"{k}={v}" for k, v in r["settings"].items()) or "defaults"
         return (
-            f"{settings}: all {r['in_flight_at_kill']} in-flight runs progressed within "
-            f"{r['failover_max_s']} s (median {r['failover_median_s']} s); survivor owned "
-            f"all partitions after {r['survivor_owns_all_s']} s; "
+            f"{settings}: every run on the killed worker's partitions progressed within "
+            f"{r['failover_s']} s ({r['in_flight_at_kill']} in flight at the kill, worst "
+            f"{r['in_flight_max_s']} s; {r['new_runs_on_victim']} started after it); survivor "
+            f"owned all partitions after {r['survivor_owns_all_s']} s; "
             f"{r['runs_finished']}/{r['runs_started']} runs finished"
         )
     if figure == "session":
