@@ -190,8 +190,11 @@ class EventTail:
         self._consumer.assign([clients.TopicPartition(topic, p, 0) for p in partitions])
 
     def poll(self, timeout: float) -> list[EventEnvelope]:
+        """Events that arrived, waiting at most ``timeout`` for the first one."""
         found: list[EventEnvelope] = []
-        for message in self._consumer.consume(num_messages=1000, timeout=timeout):
+        first = self._consumer.poll(timeout)
+        batch = [] if first is None else [first, *self._consumer.consume(999, timeout=0)]
+        for message in batch:
             if message.error() is not None or not _is_event(message):
                 continue
             found.append(codec.decode_event(message.value() or b""))

@@ -265,9 +265,7 @@ class Processor:
             # loop, sync ones in the pool) make progress; wake soon when steps are in flight.
             timeout = 0.005 if self._tasks else 0.05
             assert self._loop is not None
-            messages = await self._loop.run_in_executor(
-                None, lambda: self.consumer.consume(num_messages=500, timeout=timeout)
-            )
+            messages = await self._loop.run_in_executor(None, self._wait_for_messages, timeout)
         if self._fatal is not None:
             raise self._fatal
         self.metrics.owned_partitions.set(sum(not o.restoring for o in self._owned.values()))
@@ -278,14 +276,24 @@ class Processor:
         while self._results:
             await self._step_result(*self._results.popleft())
         self._fire_timers()
-        # Commit as soon as nothing more is waiting (low latency when idle), and at the latest
-        # after the commit interval or a full batch (throughput under load).
+        # Commit what this iteration did: one transaction holds every command one poll returned
+        # (up to 500) and every step result that came back, so batches grow with the load while
+        # a lone command is never held back. Under a flood of step results the commit interval
+        # and the batch size still bound how long events wait.
         if self._txn_open and (
-            not messages
+            not self._results
             or time.monotonic() - self._txn_began >= self.settings.commit_interval_ms / 1000
             or self._txn_commands >= self.settings.max_commands_per_transaction
         ):
             self._commit()
+
+    def _wait_for_messages(self, timeout: float) -> list[Any]:
+        """Block until one message arrives (``consume`` would wait for a full batch or the whole
+        timeout), then take whatever else is already fetched."""
+        first = self.consumer.poll(timeout)
+        if first is None:
+            return []
+        return [first, *self.consumer.consume(num_messages=499, timeout=0)]
 
     # -- transactions ---------------------------------------------------------------------
 
