@@ -55,8 +55,8 @@ def test_losing_one_of_three_brokers_loses_nothing(
         kafka3_cluster.kill_node(victim)
         time.sleep(10)
         run_ids = load.stop()
-        assert before_kill > 30
-        assert len(run_ids) > before_kill + 10, "no run was started while a broker was down"
+        assert before_kill > 10
+        assert len(run_ids) > before_kill + 5, "no run was started while a broker was down"
         results = client.wait_all(run_ids, timeout=240)
         logs = "\n".join(w.output()[-1500:] for w in workers)
         assert {r.status.value for r in results.values()} == {"completed"}, logs

@@ -57,7 +57,7 @@ def test_roll_from_build_1_to_build_2(
         for run_id in v1_waiting:
             client.start(run_id, SPEC_V1, {"signal": True})
         client.flush()
-        assert {s.status.value for s in client.wait_all(v1_done, timeout=60).values()} == {
+        assert {s.status.value for s in client.wait_all(v1_done, timeout=120).values()} == {
             "completed"
         }
 
@@ -70,7 +70,7 @@ def test_roll_from_build_1_to_build_2(
         for run_id in v1_waiting[:3]:  # build 1 is still served: these finish now
             client.signal(run_id, f"{run_id}-go", "go", {"while": "both builds"})
         client.flush()
-        finished = client.wait_all([*v2_runs, *v1_waiting[:3]], timeout=90)
+        finished = client.wait_all([*v2_runs, *v1_waiting[:3]], timeout=180)
         assert {s.status.value for s in finished.values()} == {"completed"}
 
         new = worker("only-v2", V2)
@@ -82,7 +82,7 @@ def test_roll_from_build_1_to_build_2(
         for run_id in late_v2:
             client.start(run_id, SPEC_V2, {})
         client.flush()
-        assert {s.status.value for s in client.wait_all(late_v2, timeout=90).values()} == {
+        assert {s.status.value for s in client.wait_all(late_v2, timeout=180).values()} == {
             "completed"
         }
         deadline = time.monotonic() + 30
@@ -98,7 +98,7 @@ def test_roll_from_build_1_to_build_2(
         # An owner that serves build 1 takes the partitions: the parked signals apply.
         assert new.stop() == 0
         worker("v1-again", V1, V2)
-        resumed = client.wait_all(v1_waiting[3:], timeout=90)
+        resumed = client.wait_all(v1_waiting[3:], timeout=180)
         assert {s.status.value for s in resumed.values()} == {"completed"}
         assert all(r.output["go"] == {"while": "build 2 only"} for r in resumed.values())  # type: ignore[index]
 
