@@ -25,7 +25,9 @@ from flowstream.client import FlowClient
 from flowstream.settings import Settings
 
 
-async def trace(runs: int, env: dict[str, str]) -> tuple[list[list[tuple[str, float, float]]], Any]:
+async def trace(
+    runs: int, env: dict[str, str], gap: float
+) -> tuple[list[list[tuple[str, float, float]]], Any]:
     prefix = harness.new_prefix("trace")
     harness.apply_topics(prefix)
     worker = harness.Worker("w1", prefix=prefix, state_root=Path(tempfile.mkdtemp()), env=env)
@@ -48,7 +50,7 @@ async def trace(runs: int, env: dict[str, str]) -> tuple[list[list[tuple[str, fl
             began = time.time()
             client.start(run_id, SPEC, make_input(i))
             await asyncio.wait_for(future, 60)
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(gap)
             if i >= 5:
                 timelines.append(
                     [
@@ -67,18 +69,24 @@ async def trace(runs: int, env: dict[str, str]) -> tuple[list[list[tuple[str, fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument(
+        "--gap-ms",
+        type=float,
+        default=0,
+        help="pause between runs (0: back to back, as the workload)",
+    )
     parser.add_argument("--set", type=_setting, action="append", default=[], metavar="NAME=VALUE")
     args = parser.parse_args()
     env = {f"FLOWSTREAM_{k.upper()}": v for k, v in args.set}
     started = harness.ensure_broker()
     try:
-        timelines, counters = asyncio.run(trace(args.runs, env))
+        timelines, counters = asyncio.run(trace(args.runs, env, args.gap_ms / 1000))
     finally:
         if started:
             harness.stop_broker()
     print(
-        f"median over {len(timelines)} sequential runs, ms after the client's start call "
-        f"(settings: {env or 'defaults'})"
+        f"median over {len(timelines)} sequential runs {args.gap_ms:g} ms apart, ms after the "
+        f"client's start call (settings: {env or 'defaults'})"
     )
     print(f"{'#':>3} {'event':<18} {'appended':>9} {'visible':>9}")
     for index in range(len(timelines[0])):

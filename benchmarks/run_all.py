@@ -2,7 +2,8 @@
 
 Runs, one after another on the bench broker (started here if it is down, stopped after if so):
 
-1. the peers' workload: embedded (RocksDB, sync), Kafka with 1 processor, Kafka with 2;
+1. the peers' workload: embedded (RocksDB, group commit and fsync per append), Kafka with 1
+   processor, Kafka with 2;
 2. replay scaling (100 / 1,000 / 10,000 sequential steps);
 3. restore of a partition holding 100,000 events;
 4. failover (SIGKILL one of two processors) with default settings and with the shortest session
@@ -174,7 +175,8 @@ def main() -> None:
     tp_x1 = None
     try:
         if "workload" in only:
-            workload.main(["embedded", "--out", str(out), *quick])
+            for sync in ("group", "always"):
+                workload.main(["embedded", "--sync", sync, "--out", str(out), *quick])
             for workers in ("1", "2"):
                 rows = workload.main(
                     ["kafka", "--workers", workers, "--keep-broker", "--out", str(out), *quick]

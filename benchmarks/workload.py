@@ -8,8 +8,10 @@ store or one set of workers, so run 2 starts with run 1's data.
 
 Modes, durable settings only:
 
-* ``embedded``: ``FlowEngine`` over ``RocksDBEventStore(sync=True)`` in this process; a run's
-  result is the snapshot ``engine.start`` returns.
+* ``embedded``: ``FlowEngine`` over ``RocksDBEventStore`` in this process; a run's result is
+  the snapshot ``engine.start`` returns. ``--sync group`` (the store's default: appends are
+  fsynced together, before any step runs and before a state is reported) or ``--sync always``
+  (one fsync per append).
 * ``kafka``: ``--workers`` ``flowstream worker`` processes on the bench broker (replication 1,
   transactions on); runs are started with ``FlowClient.start`` and a result is the run's terminal
   event read back from the events topic (``read_committed``).
@@ -96,10 +98,11 @@ async def run_embedded(args: argparse.Namespace) -> list[dict[str, Any]]:
     from flowstream.stores.rocksdb import RocksDBEventStore
 
     records = []
+    label = "flowstream-embedded" if args.sync == "group" else f"flowstream-embedded-{args.sync}"
     usage = harness.SelfUsage()
     context = harness.machine()
     with tempfile.TemporaryDirectory(dir=args.data_dir) as directory:
-        store = RocksDBEventStore(directory, sync=True)
+        store = RocksDBEventStore(directory, sync=args.sync)
         engine = FlowEngine(store, runtime)
 
         async def run_one(run_id: str, inp: dict[str, Any]) -> Any:
@@ -108,9 +111,9 @@ async def run_embedded(args: argparse.Namespace) -> list[dict[str, Any]]:
 
         for run in range(1, args.runs + 1):
             result = await measure(run_one, args.lat, args.tp, args.conc, args.warmup)
-            records.append({"peer": "flowstream-embedded", "run": str(run), **result, **context})
+            records.append({"peer": label, "run": str(run), **result, **context})
         store.close()
-    records.append(usage.record("flowstream-embedded-process"))
+    records.append(usage.record(f"{label}-process"))
     return records
 
 
@@ -249,6 +252,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", choices=["embedded", "kafka"])
     parser.add_argument("--workers", type=int, default=1, help="kafka: processor processes")
+    parser.add_argument(
+        "--sync",
+        choices=["group", "always"],
+        default="group",
+        help="embedded: RocksDB durability; group = one fsync shared by the appends waiting "
+        "together (the store's default), always = one fsync per append",
+    )
     parser.add_argument("--lat", type=int, default=200)
     parser.add_argument("--tp", type=int, default=1000)
     parser.add_argument("--conc", type=int, default=100)
