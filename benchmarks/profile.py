@@ -11,7 +11,8 @@ percentages are of CPU samples):
 Usage::
 
     python -m benchmarks.profile embedded            # the workload, embedded, under py-spy
-    python -m benchmarks.profile kafka --tp 2000     # the worker process of the Kafka workload
+    python -m benchmarks.profile kafka --tp 3000     # the worker process of the Kafka workload
+    python -m benchmarks.profile restore             # a fresh worker restoring 36,000 events
     python -m benchmarks.profile summarize FILE.raw  # any collapsed-stack file
 """
 
@@ -123,9 +124,50 @@ def profile_kafka(out: Path, rate: int, extra: list[str]) -> None:
     subprocess.run(command, cwd=harness.ROOT, check=True)
 
 
+def profile_restore(out: Path, rate: int, extra: list[str]) -> None:
+    """A fresh worker restoring a partition of ``--events`` events (default 36,000), under
+    py-spy from its spawn until it owns every partition."""
+    import asyncio
+    import time
+
+    from benchmarks import restore
+
+    events = int(extra[extra.index("--events") + 1]) if "--events" in extra else 36_000
+    started = harness.ensure_broker()
+    try:
+        prefix = harness.new_prefix("restore-prof")
+        harness.apply_topics(prefix)
+        with tempfile.TemporaryDirectory() as directory:
+            asyncio.run(restore.fill(prefix, events, Path(directory), 300))
+        wrap = [
+            _pyspy(),
+            "record",
+            "--nonblocking",
+            "-r",
+            str(rate),
+            "--format",
+            "raw",
+            "-o",
+            str(out),
+            "--",
+        ]
+        with tempfile.TemporaryDirectory() as directory:
+            worker = harness.Worker("fresh", prefix=prefix, state_root=Path(directory), wrap=wrap)
+            began = time.monotonic()
+            try:
+                while worker.owned() < 8:
+                    time.sleep(0.02)
+                print(f"restored after {time.monotonic() - began:.2f} s (with py-spy attached)")
+            finally:
+                worker.stop()
+    finally:
+        if started:
+            harness.stop_broker()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["embedded", "kafka", "summarize"])
+    parser.add_argument("what", choices=["embedded", "kafka", "restore", "summarize"])
     parser.add_argument("file", nargs="?", help="summarize: the collapsed-stack file")
     parser.add_argument("--rate", type=int, default=100, help="samples per second")
     parser.add_argument("--top", type=int, default=25)
@@ -139,9 +181,13 @@ def main() -> None:
         print(summarize(Path(args.file), args.top, args.focus))
         return
     out = Path(args.keep or tempfile.mktemp(suffix=".raw", prefix=f"profile-{args.what}-"))
-    (profile_embedded if args.what == "embedded" else profile_kafka)(out, args.rate, extra)
-    # Only the steady state: the measured loop, not interpreter start-up and imports.
-    focus = args.focus or ("measure" if args.what == "embedded" else "Processor.run")
+    run = {"embedded": profile_embedded, "kafka": profile_kafka, "restore": profile_restore}
+    run[args.what](out, args.rate, extra)
+    # Only the steady state: the measured loop (or the restore), not start-up and imports.
+    focus = (
+        args.focus
+        or {"embedded": "measure", "kafka": "Processor.run", "restore": "_restore_slice"}[args.what]
+    )
     print(f"\nprofile of the {args.what} path ({out}):")
     print(summarize(out, args.top, focus))
 

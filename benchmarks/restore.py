@@ -88,6 +88,7 @@ def fresh_start(prefix: str, name: str) -> tuple[float, dict[str, float]]:
                 raise SystemExit(f"worker {name} exited:\n{worker.output()[-3000:]}")
             metrics = worker.metrics()
             if metrics.get("flowstream_owned_partitions", 0) >= 8:
+                metrics["worker_cpu_s"] = harness.cpu_seconds(worker.pid)
                 return time.monotonic() - began, metrics
             if time.monotonic() - began > 600:
                 raise SystemExit("restore did not finish in 600 s")
@@ -116,8 +117,8 @@ def run(events: int, repeats: int, in_flight: int, out: str | None) -> dict[str,
             full_runs.append(seconds)
             empty_runs.append(fresh_start(empty, f"empty{i}")[0])
             print(
-                f"  fresh worker: {seconds:.2f} s to own all partitions "
-                f"(empty topics: {empty_runs[-1]:.2f} s)"
+                f"  fresh worker: {seconds:.2f} s to own all partitions, "
+                f"{metrics['worker_cpu_s']:.2f} CPU s (empty topics: {empty_runs[-1]:.2f} s)"
             )
     finally:
         if started_broker:
@@ -133,6 +134,7 @@ def run(events: int, repeats: int, in_flight: int, out: str | None) -> dict[str,
         "events_per_s": round(rate),
         "worker_restore_seconds_sum": round(metrics.get("flowstream_restore_seconds_sum", 0.0), 2),
         "worker_restore_seconds_count": metrics.get("flowstream_restore_seconds_count", 0.0),
+        "worker_cpu_s_last": round(metrics.get("worker_cpu_s", 0.0), 2),
         **context,
     }
     print(
