@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import logging
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -299,7 +300,13 @@ class Processor:
 
     def _begin(self) -> None:
         if not self._txn_open:
-            self.producer.begin_transaction()
+            try:
+                self.producer.begin_transaction()
+            except clients.KafkaException as exc:
+                if exc.args[0].fatal():
+                    raise
+                _retrying(lambda: self.producer.abort_transaction(30), attempts=20)
+                self.producer.begin_transaction()
             self._txn_open = True
             self._txn_began = time.monotonic()
             self._txn_commands = 0
@@ -337,20 +344,22 @@ class Processor:
         try:
             if not offsets:
                 raise _Abort("no valid consumer positions to gate the transaction")
-            self.producer.send_offsets_to_transaction(
-                offsets, self.consumer.consumer_group_metadata(), 30
+            _retrying(
+                lambda: self.producer.send_offsets_to_transaction(
+                    offsets, self.consumer.consumer_group_metadata(), 30
+                )
             )
             # commit_transaction flushes and fails on any undelivered record (flush() itself
             # cannot be trusted once the producer is fenced); then serve the delivery reports,
             # which carry the events offsets the local batches record.
-            self.producer.commit_transaction(30)
+            _retrying(lambda: self.producer.commit_transaction(30))
             self.producer.poll(0)
             if self._delivery_error is not None:
                 raise _Abort(f"delivery failed: {self._delivery_error}")
         except (clients.KafkaException, _Abort) as exc:
-            self._abort(str(exc))
             if isinstance(exc, clients.KafkaException) and exc.args[0].fatal():
                 raise
+            self._abort(str(exc))
             return
         self._txn_open = False
         for owned in active:
@@ -369,8 +378,14 @@ class Processor:
     def _abort(self, reason: str) -> None:
         LOG.warning("aborting transaction: %s", reason)
         self.metrics.aborts.inc()
-        with contextlib.suppress(clients.KafkaException):
-            self.producer.abort_transaction(30)
+        try:
+            _retrying(lambda: self.producer.abort_transaction(30), attempts=20)
+        except clients.KafkaException as exc:
+            if exc.args[0].fatal():
+                raise
+            # The coordinator is unreachable for now; librdkafka keeps the producer in the
+            # abort-required state, so the next begin fails until an abort goes through.
+            LOG.error("abort did not complete: %s", exc)
         self._txn_open = False
         for owned in self._owned.values():
             owned.store.discard()
@@ -406,13 +421,16 @@ class Processor:
                 return
             consumer.assign(assigned)
             consumer.pause(assigned)
-            committed = consumer.committed(assigned, timeout=30)
+            committed = _patiently(lambda: consumer.committed(assigned, timeout=20))
             by_partition: dict[int, dict[str, int]] = {}
             for tp in committed:
                 position = tp.offset
                 if position < 0:
-                    low, _ = self.watermarks.get_watermark_offsets(
-                        clients.TopicPartition(tp.topic, tp.partition), timeout=10
+                    partition = clients.TopicPartition(tp.topic, tp.partition)
+                    low, _ = _patiently(
+                        functools.partial(
+                            self.watermarks.get_watermark_offsets, partition, timeout=10
+                        )
                     )
                     position = low
                 by_partition.setdefault(tp.partition, {})[tp.topic] = position
@@ -483,11 +501,19 @@ class Processor:
     # -- restore --------------------------------------------------------------------------
 
     async def _restore_slice(self) -> None:
-        owned = next(o for o in self._owned.values() if o.restoring)
+        owned = next((o for o in self._owned.values() if o.restoring), None)
+        if owned is None:  # a rebalance during the poll took the partitions away
+            return
         events = self.topics[EVENTS]
         tp = clients.TopicPartition(events, owned.partition)
         if owned.restore_target is None:
-            _, high = self.watermarks.get_watermark_offsets(tp, timeout=10, cached=False)
+            try:
+                _, high = self.watermarks.get_watermark_offsets(tp, timeout=10, cached=False)
+            except clients.KafkaException as exc:
+                if exc.args[0].fatal():
+                    raise
+                LOG.warning("partition %d: no high watermark yet (%s); retrying", tp.partition, exc)
+                return
             owned.restore_target = high
             start = owned.store.events_offset
             self.restorer.assign([clients.TopicPartition(events, owned.partition, start)])
@@ -935,6 +961,33 @@ class Processor:
 
 
 _StepResult = tuple[int, str, str, int, tuple[Any, str | None, bool]]
+
+
+def _patiently(operation: Callable[[], Any], *, attempts: int = 6) -> Any:
+    """Call a metadata query again while it times out (a broker may be failing over)."""
+    for attempt in range(attempts):
+        try:
+            return operation()
+        except clients.KafkaException as exc:
+            if exc.args[0].fatal() or attempt == attempts - 1:
+                raise
+            LOG.warning("retrying after %s", exc)
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
+def _retrying(operation: Callable[[], object], *, attempts: int = 10) -> None:
+    """Call a transactional producer operation again while it fails with a retriable error
+    (librdkafka's contract: retry the same call; abortable and fatal errors propagate)."""
+    for attempt in range(attempts):
+        try:
+            operation()
+            return
+        except clients.KafkaException as exc:
+            error = exc.args[0]
+            if not error.retriable() or attempt == attempts - 1:
+                raise
+            time.sleep(min(0.05 * 2**attempt, 1.0))
 
 
 class _Abort(Exception):

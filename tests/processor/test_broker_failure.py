@@ -41,6 +41,11 @@ def test_losing_one_of_three_brokers_loses_nothing(
             group=f"{unique_prefix}-group",
             state_dir=tmp_path / "state",
             step_log=tmp_path / "steps.jsonl",
+            # Leader elections take seconds: keep transactions open long enough to ride them out.
+            extra_env={
+                "FLOWSTREAM_TRANSACTION_TIMEOUT_MS": "30000",
+                "FLOWSTREAM_SESSION_TIMEOUT_MS": "10000",
+            },
         )
         for name in ("b1", "b2")
     ]
@@ -50,15 +55,20 @@ def test_losing_one_of_three_brokers_loses_nothing(
     victim = 2
     try:
         load = Load(client, SPEC, "broker", rate=20, options={"step_sleep_ms": 50})
-        time.sleep(5)
+        # The processors are up and committing before the broker dies.
+        assert client.wait("broker-0000", timeout=120).status.value == "completed"
+        time.sleep(2)
         before_kill = len(load.run_ids)
         kafka3_cluster.kill_node(victim)
         time.sleep(10)
         run_ids = load.stop()
         assert before_kill > 10
         assert len(run_ids) > before_kill + 5, "no run was started while a broker was down"
-        results = client.wait_all(run_ids, timeout=240)
         logs = "\n".join(w.output()[-1500:] for w in workers)
+        try:
+            results = client.wait_all(run_ids, timeout=240)
+        except TimeoutError as exc:
+            pytest.fail(f"{exc}\n{logs}")
         assert {r.status.value for r in results.values()} == {"completed"}, logs
         records = raw_events(bootstrap, unique_prefix, client.partitions)
         assert_no_duplicate_sequences(records)
