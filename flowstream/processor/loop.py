@@ -426,11 +426,9 @@ class Processor:
             for tp in committed:
                 position = tp.offset
                 if position < 0:
-                    partition = clients.TopicPartition(tp.topic, tp.partition)
+                    where = clients.TopicPartition(tp.topic, tp.partition)
                     low, _ = _patiently(
-                        functools.partial(
-                            self.watermarks.get_watermark_offsets, partition, timeout=10
-                        )
+                        functools.partial(self.watermarks.get_watermark_offsets, where, timeout=10)
                     )
                     position = low
                 by_partition.setdefault(tp.partition, {})[tp.topic] = position
