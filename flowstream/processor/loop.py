@@ -81,6 +81,8 @@ LOG = logging.getLogger("flowstream.processor")
 
 #: Header naming what a record on the events topic is: an event, or an inbox entry.
 RECORD_HEADER = "flowstream-record"
+#: Timers are looked for at most this often (their precision; the index scan is not free).
+_TIMER_SCAN_INTERVAL_S = 0.02
 #: Header of an inbox record: why the command waits (run missing, build not served).
 REASON_HEADER = "flowstream-reason"
 #: Header naming the processor instance that wrote an event (for audits and failure tests).
@@ -174,6 +176,7 @@ class Processor:
         self._delivery_error: Any = None
         self._events_end: dict[int, int] = {}
         self._fatal: BaseException | None = None
+        self._next_timer_scan = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self.ready = asyncio.Event()
 
@@ -766,6 +769,8 @@ class Processor:
         """Retry parked commands (of one run, or all) until none applies; each applies once,
         then leaves the inbox. Applying one may unblock another (a signal makes the run create
         the hook a parked resume waits for), so passes repeat while something applied."""
+        if not owned.store.has_parked():
+            return
         progress = True
         while progress:
             progress = False
@@ -930,8 +935,11 @@ class Processor:
     # -- timers ---------------------------------------------------------------------------
 
     def _fire_timers(self) -> None:
-        now = self.clock()
         wall = time.monotonic()
+        if wall < self._next_timer_scan:
+            return
+        self._next_timer_scan = wall + _TIMER_SCAN_INTERVAL_S
+        now = self.clock()
         refire = self.settings.timer_refire_ms / 1000
         for owned in self._owned.values():
             if owned.restoring:

@@ -57,6 +57,8 @@ class PartitionStore(RocksDBEventStore):
         self._staged_hooks: dict[str, tuple[str, str]] = {}
         self._staged_inbox: dict[bytes, bytes | None] = {}
         self._staged_tokens: dict[str, tuple[str, str]] = {}
+        # How many commands wait in the inbox, so the common case (none) costs no scan.
+        self._parked_count = sum(1 for _ in self._scan(b"i"))
 
     # -- encoding: Avro single-object, the same bytes as on the events topic --------------------
 
@@ -131,6 +133,7 @@ class PartitionStore(RocksDBEventStore):
     def discard(self) -> None:
         """After an abort: forget staged writes and every run state they touched."""
         self._batch = None
+        self._parked_count = sum(1 for _ in self._scan(b"i"))
         for run_id in self._staged_runs:
             self._states.pop(run_id, None)
         self._staged_runs.clear()
@@ -181,15 +184,20 @@ class PartitionStore(RocksDBEventStore):
 
     # -- inbox: commands parked until their run exists or their build is served ---------------
 
+    def has_parked(self) -> bool:
+        return self._parked_count > 0
+
     def park(self, run_id: str, inbox_id: str, raw_command: bytes) -> None:
         key = b"i" + run_id.encode() + b"\0" + inbox_id.encode()
         self._stage().put(key, raw_command)
         self._staged_inbox[key] = raw_command
+        self._parked_count += 1
 
     def unpark(self, run_id: str, inbox_id: str) -> None:
         key = b"i" + run_id.encode() + b"\0" + inbox_id.encode()
         self._stage().delete(key)
         self._staged_inbox[key] = None
+        self._parked_count = max(0, self._parked_count - 1)
 
     def parked(self, run_id: str | None = None) -> Iterator[tuple[str, str, bytes]]:
         """Parked commands (run id, inbox id, bytes), of one run or the whole partition."""
