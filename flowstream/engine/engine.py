@@ -132,6 +132,7 @@ class FlowEngine:
         builds: RuntimeBuilds | None = None,
         max_replay_iterations: int = 1_000_000,
         max_child_depth: int = 32,
+        on_conflict: Callable[[], None] | None = None,
     ) -> None:
         if max_replay_iterations < 1:
             raise ValueError("max_replay_iterations must be at least 1")
@@ -141,6 +142,8 @@ class FlowEngine:
         self.builds = builds or RuntimeBuilds()
         self._max_iterations = max_replay_iterations
         self._max_child_depth = max_child_depth
+        #: Called for every lost append_if_sequence race (the cycle then replays); for metrics.
+        self.on_conflict = on_conflict
 
     # -- runs -----------------------------------------------------------------------------
 
@@ -563,6 +566,8 @@ class FlowEngine:
                 if decision.suspend:
                     return self.store.state(run_id)
             except EventConflictError:
+                if self.on_conflict is not None:
+                    self.on_conflict()
                 continue
         raise LimitExceededError(
             f"run {run_id} exceeded {self._max_iterations} replay iterations in one drive",

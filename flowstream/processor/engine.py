@@ -43,10 +43,11 @@ class PartitionEngine(FlowEngine):
         dispatch: Dispatch,
         emit: Emit,
         clock: Clock = utc_now,
+        on_conflict: Callable[[], None] | None = None,
     ) -> None:
         if not runtimes:
             raise ValueError("a processor needs at least one runtime")
-        super().__init__(store, next(iter(runtimes.values())), clock=clock)
+        super().__init__(store, next(iter(runtimes.values())), clock=clock, on_conflict=on_conflict)
         self.runtimes = dict(runtimes)
         self._dispatch = dispatch
         self._emit = emit

@@ -475,6 +475,7 @@ class Processor:
             dispatch=lambda run_id, steps: self._dispatch(holder["owned"], run_id, steps),
             emit=self._emit,
             clock=self.clock,
+            on_conflict=self.metrics.conflicts.inc,
         )
         owned = Owned(partition, store, engine, dict(positions), dict(positions))
         holder["owned"] = owned

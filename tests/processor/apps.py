@@ -93,3 +93,16 @@ runtime = ThreeSteps()
 
 runtime_v1 = ThreeSteps()
 runtime_v2 = ThreeSteps()
+
+
+class Drifted(ThreeSteps):
+    """Today's code validates other input than the code that wrote the histories."""
+
+    def run_workflow(self, invocation: WorkflowInvocation) -> RuntimeCommand:
+        ctx = invocation.context()
+        if not ctx.step_completed("validate"):
+            return ctx.schedule_step("validate", "validate", {"from": "somewhere else"})
+        return super().run_workflow(invocation)
+
+
+drifted = Drifted()
