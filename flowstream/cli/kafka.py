@@ -32,7 +32,7 @@ import orjson
 from pydantic import ValidationError
 
 from flowstream.client import FlowClient
-from flowstream.errors import FlowError
+from flowstream.errors import FlowError, RunNotFoundError
 from flowstream.kafka import clients
 from flowstream.model.base import JSON
 from flowstream.model.snapshot import RunStatus, WorkflowRunSnapshot
@@ -325,8 +325,19 @@ def _wait(args: argparse.Namespace, client: FlowClient) -> int:
 
 
 def _status(args: argparse.Namespace, client: FlowClient) -> int:
-    snapshot = client.snapshot(args.run_id, timeout=args.timeout)
-    print(_show(snapshot.model_dump(mode="json")))
+    """The run's snapshot, plus the commands parked for it (e.g. waiting for its build)."""
+    waiting = client.parked(args.run_id, timeout=args.timeout)
+    try:
+        shown: dict[str, Any] = client.snapshot(args.run_id, timeout=args.timeout).model_dump(
+            mode="json"
+        )
+    except RunNotFoundError:
+        if not waiting:
+            raise
+        shown = {"run_id": args.run_id, "status": "not started"}
+    if waiting:
+        shown["waiting_commands"] = waiting
+    print(_show(shown))
     return 0
 
 

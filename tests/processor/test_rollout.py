@@ -4,11 +4,13 @@ appends nothing for it and parks its commands durably until an owner that serves
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import pytest
 
+from flowstream.cli import main
 from flowstream.client import FlowClient
 from flowstream.settings import Settings
 from tests.processor.apps import SPEC_V1, SPEC_V2
@@ -26,7 +28,10 @@ V2 = "build-2=tests.processor.apps:runtime_v2"
 
 
 def test_roll_from_build_1_to_build_2(
-    kafka_bootstrap: str, unique_prefix: str, tmp_path: Path
+    kafka_bootstrap: str,
+    unique_prefix: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     apply_topics(kafka_bootstrap, unique_prefix)
     client = FlowClient(
@@ -94,6 +99,11 @@ def test_roll_from_build_1_to_build_2(
             reasons = client.parked(run_id)
             assert reasons and "build-1" in reasons[0], (run_id, reasons)
             assert client.snapshot(run_id).status.value == "suspended"
+        shown = ["kafka", "status", v1_waiting[3], "--bootstrap", kafka_bootstrap]
+        assert main([*shown, "--prefix", unique_prefix]) == 0
+        status = json.loads(capsys.readouterr().out)
+        assert status["status"] == "suspended"
+        assert "build-1" in status["waiting_commands"][0]
 
         # An owner that serves build 1 takes the partitions: the parked signals apply.
         assert new.stop() == 0
