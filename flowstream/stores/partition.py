@@ -37,6 +37,37 @@ _OFFSET_KEY = b"m/events_offset"
 Sink = Callable[[str, list[EventEnvelope], list[bytes]], None]
 
 
+_TERMINAL_EVENTS = frozenset(
+    {
+        "run_completed",
+        "run_failed",
+        "run_cancelled",
+        "run_timed_out",
+        "run_retry_exhausted",
+        "run_continued_as_new",
+    }
+)
+#: Events after which a run's timers or delayed retries may differ.
+_WAKEUP_EVENTS = _TERMINAL_EVENTS | {
+    "wait_created",
+    "wait_completed",
+    "step_retrying",
+    "step_started",
+    "step_cancelled",
+    "run_cancellation_requested",
+}
+#: Events after which a run may have a running step, or stop having one.
+_RUNNING_EVENTS = _TERMINAL_EVENTS | {
+    "step_started",
+    "step_completed",
+    "step_retrying",
+    "step_failed",
+    "step_non_retryable",
+    "step_cancelled",
+    "run_cancellation_requested",
+}
+
+
 def _has_running_step(state: RunState) -> bool:
     return not state.is_terminal and any(
         state.steps[s].status is StepStatus.RUNNING for s in state.active_steps
@@ -98,7 +129,11 @@ class PartitionStore(RocksDBEventStore):
         envelopes: list[EventEnvelope],
         encoded: list[bytes],
         changes: IndexChanges,
+        *,
+        running: bool = True,
     ) -> None:
+        """Stage envelopes and index changes; ``running=False`` skips the running-step index
+        (for events that cannot change it)."""
         batch = self._stage()
         run_key = run_id.encode()
         for envelope, data in zip(envelopes, encoded, strict=True):
@@ -112,6 +147,8 @@ class PartitionStore(RocksDBEventStore):
             batch.put(b"h" + digest.encode(), f"{owner_run}\0{hook_id}".encode())
             self._staged_hooks[digest] = (owner_run, hook_id)
         self._staged_runs.add(run_id)
+        if not running:
+            return
         state = self._states.get(run_id)
         if state is not None and _has_running_step(state):
             batch.put(b"x" + run_key, b"")
@@ -166,7 +203,11 @@ class PartitionStore(RocksDBEventStore):
         if state is not None and envelope.sequence <= state.last_sequence:
             return False
         changes = IndexChanges()
-        before = [] if state is None else state.wakeups()
+        kind = envelope.event.type
+        # Only some events can move a wakeup or a step's running state: the others skip the
+        # index work (restore speed is about this loop).
+        timed = state is not None and kind in _WAKEUP_EVENTS
+        before = state.wakeups() if timed and state is not None else []
         if state is None:
             state = RunState.first(envelope)
             self._remember(envelope.run_id, state)
@@ -176,10 +217,13 @@ class PartitionStore(RocksDBEventStore):
             changes.claimed_hooks.append(
                 (envelope.event.token_digest, envelope.run_id, envelope.event.hook_id)
             )
-        after = state.wakeups()
-        changes.removed_wakeups = [w for w in before if w not in after]
-        changes.added_wakeups = [w for w in after if w not in before]
-        self._stage_write(envelope.run_id, [envelope], [raw], changes)
+        if timed:
+            after = state.wakeups()
+            changes.removed_wakeups = [w for w in before if w not in after]
+            changes.added_wakeups = [w for w in after if w not in before]
+        self._stage_write(
+            envelope.run_id, [envelope], [raw], changes, running=kind in _RUNNING_EVENTS
+        )
         return True
 
     # -- inbox: commands parked until their run exists or their build is served ---------------
