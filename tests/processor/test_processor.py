@@ -186,3 +186,27 @@ def test_a_signal_and_a_hook_resume_sent_before_start_both_apply(
     assert result.status.value == "completed", worker.output()[-2000:]
     assert result.output["go"] == {"first": True}  # type: ignore[index]
     assert result.output["approval"] == {"approved": True}  # type: ignore[index]
+
+
+def test_a_slow_step_does_not_stall_other_runs_of_its_partition(
+    deployment: tuple[FlowClient, Worker, Path],
+) -> None:
+    client, worker, _ = deployment
+    partition = partition_for("slow-0", client.partitions)
+    neighbours = [
+        run_id
+        for run_id in (f"quick-{i}" for i in range(200))
+        if partition_for(run_id, client.partitions) == partition
+    ][:5]
+    client.start("slow-0", SPEC, {"step_sleep_ms": 12000})
+    client.flush()
+    time.sleep(1)
+    for run_id in neighbours:
+        client.start(run_id, SPEC, {})
+    client.flush()
+    done = client.wait_all(neighbours, timeout=60)
+    assert {r.status.value for r in done.values()} == {"completed"}, worker.output()[-2000:]
+    # Every neighbour finished while the slow run is still inside its first step.
+    slow = client.snapshot("slow-0")
+    assert slow.status.value == "running" and slow.steps["validate"].status.value == "running"
+    assert client.wait("slow-0", timeout=60).status.value == "completed"
