@@ -27,7 +27,7 @@ from flowstream.model.events import EventEnvelope, HookCreated
 from flowstream.model.snapshot import StepStatus
 from flowstream.replay.state import RunState
 from flowstream.stores.base import MAX_EVENT_BYTES, Clock, IndexChanges, utc_now
-from flowstream.stores.rocksdb import RocksDBEventStore, _wakeup_key
+from flowstream.stores.rocksdb import RocksDBEventStore, put_append
 
 __all__ = ["PartitionStore"]
 
@@ -136,15 +136,8 @@ class PartitionStore(RocksDBEventStore):
         (for events that cannot change it)."""
         batch = self._stage()
         run_key = run_id.encode()
-        for envelope, data in zip(envelopes, encoded, strict=True):
-            batch.put(b"e" + run_key + b"\0" + envelope.sequence.to_bytes(8, "big"), data)
-        batch.put(b"r" + run_key, envelopes[-1].sequence.to_bytes(8, "big"))
-        for wakeup in changes.removed_wakeups:
-            batch.delete(_wakeup_key(wakeup))
-        for wakeup in changes.added_wakeups:
-            batch.put(_wakeup_key(wakeup), b"")
+        put_append(batch, run_id, envelopes, encoded, changes)
         for digest, owner_run, hook_id in changes.claimed_hooks:
-            batch.put(b"h" + digest.encode(), f"{owner_run}\0{hook_id}".encode())
             self._staged_hooks[digest] = (owner_run, hook_id)
         self._staged_runs.add(run_id)
         if not running:

@@ -51,6 +51,26 @@ def _wakeup_key(wakeup: Wakeup) -> bytes:
     )
 
 
+def put_append(
+    batch: WriteBatch,
+    run_id: str,
+    envelopes: list[EventEnvelope],
+    encoded: list[bytes],
+    changes: IndexChanges,
+) -> None:
+    """Add one append (events, last sequence, wakeup and hook index changes) to ``batch``."""
+    run_key = run_id.encode()
+    for envelope, data in zip(envelopes, encoded, strict=True):
+        batch.put(b"e" + run_key + b"\0" + envelope.sequence.to_bytes(8, "big"), data)
+    batch.put(b"r" + run_key, envelopes[-1].sequence.to_bytes(8, "big"))
+    for wakeup in changes.removed_wakeups:
+        batch.delete(_wakeup_key(wakeup))
+    for wakeup in changes.added_wakeups:
+        batch.put(_wakeup_key(wakeup), b"")
+    for digest, owner_run, hook_id in changes.claimed_hooks:
+        batch.put(b"h" + digest.encode(), f"{owner_run}\0{hook_id}".encode())
+
+
 def _parse_wakeup(key: bytes) -> Wakeup:
     run_id, kind, subject = key[10:].decode().split("\0", 2)
     return Wakeup(_from_micros(key[1:9]), run_id, kind, subject)
@@ -147,16 +167,7 @@ class RocksDBEventStore(EventStore):
         changes: IndexChanges,
     ) -> None:
         batch = WriteBatch(raw_mode=True)
-        run_key = run_id.encode()
-        for envelope, data in zip(envelopes, encoded, strict=True):
-            batch.put(b"e" + run_key + b"\0" + envelope.sequence.to_bytes(8, "big"), data)
-        batch.put(b"r" + run_key, envelopes[-1].sequence.to_bytes(8, "big"))
-        for wakeup in changes.removed_wakeups:
-            batch.delete(_wakeup_key(wakeup))
-        for wakeup in changes.added_wakeups:
-            batch.put(_wakeup_key(wakeup), b"")
-        for digest, owner_run, hook_id in changes.claimed_hooks:
-            batch.put(b"h" + digest.encode(), f"{owner_run}\0{hook_id}".encode())
+        put_append(batch, run_id, envelopes, encoded, changes)
         self._db.write(batch, self._write_options)
         self._written += 1
         if self._write_options.sync:
