@@ -15,7 +15,10 @@
     ├── InvalidIdentifierError       a run, step, wait, hook, signal or patch id is malformed
     ├── RuntimeBuildUnavailableError the run is pinned to a build this engine cannot serve
     ├── LimitExceededError           replay, child depth or continuation limits
-    ├── StoreLockedError             another process holds the embedded store
+    ├── StoreLockedError             another process holds the embedded store (or a newer
+    │                                 writer fenced this Kafka store)
+    ├── TopologyError                topics missing or unlike topology/ (flowstream.topology)
+    ├── DevKafkaError                the local broker launcher failed (flowstream.devkafka)
     └── StepError                    raised *by step handlers* to control retries
         ├── NonRetryableError        fail the attempt without using the retry budget
         └── UnknownOutcomeError      the side effect may or may not have happened (non-retryable)
