@@ -29,6 +29,8 @@ class Settings(FrozenModel):
     app: str = "flowstream.examples.order:runtime"
     #: Longest time events wait in an open transaction before it commits.
     commit_interval_ms: int = Field(default=20, ge=1)
+    #: Longest time a transaction waits for the outcomes of the steps the last commit started.
+    commit_linger_ms: int = Field(default=5, ge=0)
     #: Commit early once this many commands were applied in the open transaction.
     max_commands_per_transaction: int = Field(default=500, ge=1)
     #: Steps running at once in this processor.

@@ -158,6 +158,22 @@ class FlowEngine:
         depth: int = 0,
     ) -> WorkflowRunSnapshot:
         """Create ``run_id`` (idempotent for the same spec and input) and drive it."""
+        self.create(run_id, spec, input, parent=parent, depth=depth)
+        if drive:
+            return await self.drive(run_id)
+        await self.store.wait_durable()
+        return self.snapshot(run_id)
+
+    def create(
+        self,
+        run_id: str,
+        spec: WorkflowSpec,
+        input: JSON = None,
+        *,
+        parent: ParentLink | None = None,
+        depth: int = 0,
+    ) -> None:
+        """Append ``run_created`` unless the run exists with the same spec and input."""
         validate_run_id(run_id)
         while True:
             if self.store.exists(run_id):
@@ -166,24 +182,24 @@ class FlowEngine:
                     raise RunConflictError(f"run {run_id}: workflow spec differs", run_id=run_id)
                 if not json_equal(state.input, input):
                     raise RunConflictError(f"run {run_id}: workflow input differs", run_id=run_id)
-                break
+                return
             self._admit(run_id, spec)
             try:
                 created = RunCreated(spec=spec, input=input, parent=parent, depth=depth)
                 self.store.append_if_sequence(run_id, 0, [created])
             except EventConflictError:
                 continue
-            break
-        if drive:
-            return await self.drive(run_id)
-        await self.store.wait_durable()
-        return self.snapshot(run_id)
+            return
 
     async def drive(self, run_id: str, *, now: datetime | None = None) -> WorkflowRunSnapshot:
         """Replay ``run_id`` until it suspends or ends; returns the active run of its chain."""
+        return (await self.advance(run_id, now=now)).snapshot()
+
+    async def advance(self, run_id: str, *, now: datetime | None = None) -> RunState:
+        """``drive`` for hosts that need no snapshot: the state of the chain's active run."""
         state = await self._drive_chain(run_id, now, notify_parent=True)
         await self.store.wait_durable()
-        return state.snapshot()
+        return state
 
     def snapshot(self, run_id: str) -> WorkflowRunSnapshot:
         return self.store.state(run_id).snapshot()

@@ -83,6 +83,8 @@ LOG = logging.getLogger("flowstream.processor")
 RECORD_HEADER = "flowstream-record"
 #: Timers are looked for at most this often (their precision; the index scan is not free).
 _TIMER_SCAN_INTERVAL_S = 0.02
+#: While steps run, the loop waits this long at most for an outcome before polling again.
+_STEP_WAIT_S = 0.002
 #: Header of an inbox record: why the command waits (run missing, build not served).
 REASON_HEADER = "flowstream-reason"
 #: Header naming the processor instance that wrote an event (for audits and failure tests).
@@ -170,6 +172,10 @@ class Processor:
         self._executor = ThreadPoolExecutor(
             max_workers=settings.step_concurrency, thread_name_prefix="flowstream-step"
         )
+        self._outcome_ready = asyncio.Event()
+        # Steps started by the latest commit whose outcome has not come back yet.
+        self._fresh_steps = 0
+        self._commit_round = 0
         self._txn_open = False
         self._txn_began = 0.0
         self._txn_commands = 0
@@ -264,12 +270,18 @@ class Processor:
         restoring = any(o.restoring for o in self._owned.values())
         if self._results or restoring:
             messages = self.consumer.consume(num_messages=500, timeout=0)
+        elif self._tasks:
+            # Steps are running: take what is already fetched, or else wait on the loop for
+            # the next step outcome (a short while at most, so new commands are not held).
+            messages = self.consumer.consume(num_messages=500, timeout=0)
+            if not messages:
+                self._outcome_ready.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._outcome_ready.wait(), _STEP_WAIT_S)
         else:
-            # Nothing queued here: block in a thread so running steps (async handlers on this
-            # loop, sync ones in the pool) make progress; wake soon when steps are in flight.
-            timeout = 0.005 if self._tasks else 0.05
+            # Nothing runs here: block in a thread until a command arrives.
             assert self._loop is not None
-            messages = await self._loop.run_in_executor(None, self._wait_for_messages, timeout)
+            messages = await self._loop.run_in_executor(None, self._wait_for_messages, 0.05)
         if self._fatal is not None:
             raise self._fatal
         self.metrics.owned_partitions.set(sum(not o.restoring for o in self._owned.values()))
@@ -280,16 +292,22 @@ class Processor:
         while self._results:
             await self._step_result(*self._results.popleft())
         self._fire_timers()
-        # Commit what this iteration did: one transaction holds every command one poll returned
-        # (up to 500) and every step result that came back, so batches grow with the load while
-        # a lone command is never held back. Under a flood of step results the commit interval
-        # and the batch size still bound how long events wait.
-        if self._txn_open and (
-            not self._results
-            or time.monotonic() - self._txn_began >= self.settings.commit_interval_ms / 1000
-            or self._txn_commands >= self.settings.max_commands_per_transaction
-        ):
+        if self._txn_open and self._should_commit():
             self._commit()
+
+    def _should_commit(self) -> bool:
+        """Commit when nothing more is about to join the open transaction: no outcome queued
+        and none due from the steps the last commit started (short steps come back within a
+        millisecond or two, so their outcomes share one transaction instead of one each). The
+        linger, the commit interval and the batch size bound how long events wait."""
+        age = time.monotonic() - self._txn_began
+        if age >= self.settings.commit_interval_ms / 1000:
+            return True
+        if self._txn_commands >= self.settings.max_commands_per_transaction:
+            return True
+        if self._results:
+            return False
+        return self._fresh_steps == 0 or age >= self.settings.commit_linger_ms / 1000
 
     def _wait_for_messages(self, timeout: float) -> list[Any]:
         """Block until one message arrives (``consume`` would wait for a full batch or the whole
@@ -365,6 +383,8 @@ class Processor:
             self._abort(str(exc))
             return
         self._txn_open = False
+        self._commit_round += 1
+        self._fresh_steps = 0
         for owned in active:
             end = self._events_end.get(owned.partition)
             if owned.store.has_staged or end is not None:
@@ -576,7 +596,7 @@ class Processor:
         for held in self._held_results.pop(owned.partition, []):
             await self._step_result(*held)
         for run_id in owned.store.running_runs():
-            await self._guard(owned, run_id, owned.engine.drive(run_id))
+            await self._guard(owned, run_id, owned.engine.advance(run_id))
         await self._drain(owned, None)
         if not self.ready.is_set() and not any(o.restoring for o in self._owned.values()):
             self.ready.set()
@@ -649,13 +669,14 @@ class Processor:
         try:
             match command:
                 case StartRun():
-                    await engine.start(
+                    engine.create(
                         command.run_id,
                         command.spec,
                         command.input,
                         parent=command.parent,
                         depth=command.depth,
                     )
+                    await engine.advance(command.run_id)
                 case SendSignal():
                     if not store.exists(command.run_id):
                         raise _Park("run does not exist yet")
@@ -695,7 +716,7 @@ class Processor:
                     if command.kind == "wait":
                         await engine.resume_wait(command.run_id, command.subject_id, now=now)
                     else:
-                        await engine.drive(command.run_id, now=now)
+                        await engine.advance(command.run_id, now=now)
                 case ResolveChild():
                     await self._resolve_child(owned, command)
         except RuntimeBuildUnavailableError as exc:
@@ -749,7 +770,7 @@ class Processor:
                 state.last_sequence,
                 [ChildWorkflowResolved(child_id=command.child_id, outcome=command.outcome)],
             )
-        await owned.engine.drive(command.run_id)
+        await owned.engine.advance(command.run_id)
 
     def _emit(self, command: CommandMessage) -> None:
         topic = self.topics[_COMMAND_TOPIC_FOR[type(command)]]
@@ -864,7 +885,16 @@ class Processor:
     def _start_step(self, owned: Owned, run_id: str, step_id: str, attempt: int) -> None:
         task = asyncio.ensure_future(self._run_step(owned, run_id, step_id, attempt))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._fresh_steps += 1
+        round_ = self._commit_round
+
+        def done(task: asyncio.Task[None]) -> None:
+            self._tasks.discard(task)
+            if round_ == self._commit_round:
+                self._fresh_steps -= 1
+            self._outcome_ready.set()
+
+        task.add_done_callback(done)
 
     async def _run_step(self, owned: Owned, run_id: str, step_id: str, attempt: int) -> None:
         key = (owned.partition, run_id, step_id, attempt)
@@ -926,7 +956,7 @@ class Processor:
                 run_id, step_id, attempt, output=output, error=error, retryable=retryable
             )
             if recorded:
-                await owned.engine.drive(run_id)
+                await owned.engine.advance(run_id)
                 # The run moved on (e.g. it created the hook a parked resume waits for).
                 await self._drain(owned, run_id)
 
