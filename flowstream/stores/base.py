@@ -43,7 +43,14 @@ from flowstream.model.events import EventEnvelope, FlowEvent, HookCreated
 from flowstream.model.snapshot import HookStatus
 from flowstream.replay.state import RunState, Wakeup
 
-__all__ = ["MAX_EVENT_BYTES", "AppendResult", "EventStore", "IndexChanges", "new_event_id", "utc_now"]
+__all__ = [
+    "MAX_EVENT_BYTES",
+    "AppendResult",
+    "EventStore",
+    "IndexChanges",
+    "new_event_id",
+    "utc_now",
+]
 
 LOG = logging.getLogger("flowstream.store")
 
