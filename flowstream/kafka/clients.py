@@ -76,6 +76,12 @@ PRODUCER_DEFAULTS: Mapping[str, Any] = {
 #: Extra settings of transactional producers (``transactional.id`` is given per producer).
 TRANSACTIONAL_PRODUCER_DEFAULTS: Mapping[str, Any] = {
     "transaction.timeout.ms": 30_000,
+    # A transaction begun right after a commit meets CONCURRENT_TRANSACTIONS until the
+    # coordinator has written the previous markers; librdkafka then waits retry.backoff.ms
+    # (100 ms by default) before it adds partitions again. Back-to-back transactions are the
+    # processor's normal case, so retry after a few milliseconds (growing on repeated errors).
+    "retry.backoff.ms": 2,
+    "retry.backoff.max.ms": 200,
 }
 
 #: Settings of every consumer: offsets are committed explicitly, inside transactions or not.

@@ -15,7 +15,7 @@ from pydantic import Field, SecretStr, model_validator
 
 from flowstream.model.base import JSON, FrozenModel
 from flowstream.model.events import ChildCancellationPolicy, WorkflowProgress
-from flowstream.model.spec import RetryPolicy, WorkflowSpec
+from flowstream.model.spec import DEFAULT_RETRY, RetryPolicy, WorkflowSpec
 
 __all__ = [
     "CancelCommand",
@@ -99,7 +99,7 @@ class RuntimeCommand(FrozenModel):
     ) -> ScheduleStepCommand:
         return ScheduleStepCommand(
             step=StepCommand(
-                step_id=step_id, step_name=step_name, input=input, retry=retry or RetryPolicy()
+                step_id=step_id, step_name=step_name, input=input, retry=retry or DEFAULT_RETRY
             )
         )
 

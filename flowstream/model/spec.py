@@ -12,6 +12,7 @@ from pydantic import Field, field_validator, model_validator
 from flowstream.model.base import FrozenModel
 
 __all__ = [
+    "DEFAULT_RETRY",
     "MAX_PATCH_MARKERS",
     "Backoff",
     "ExhaustedAction",
@@ -97,6 +98,10 @@ class RetryPolicy(FrozenModel):
             digest.update(part)
         digest.update(attempt.to_bytes(4, "big"))
         return 1 + int.from_bytes(digest.digest()[:8], "big") % cap
+
+
+#: The policy of a step scheduled without one (models are frozen, so one instance serves all).
+DEFAULT_RETRY = RetryPolicy()
 
 
 class WorkflowSpec(FrozenModel):

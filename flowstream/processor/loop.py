@@ -356,10 +356,18 @@ class Processor:
             return
         began = time.monotonic()
         active = [o for o in self._owned.values() if not o.restoring]
+        # The positions that moved since the last commit; positions already committed stay
+        # committed. Any one offset makes the group coordinator check the generation, so a
+        # transaction that consumed nothing carries one unchanged position as its fence.
         offsets = [
             clients.TopicPartition(topic, owned.partition, position)
             for owned in active
             for topic, position in owned.positions.items()
+            if position >= 0 and position != owned.committed.get(topic)
+        ] or [
+            clients.TopicPartition(topic, owned.partition, position)
+            for owned in active[:1]
+            for topic, position in list(owned.positions.items())[:1]
             if position >= 0
         ]
         try:
@@ -553,6 +561,9 @@ class Processor:
             owned.events_end = position
             owned.store.commit_local(position)
         if position >= owned.restore_target:
+            # Stop fetching the events partition: the restorer would otherwise keep reading
+            # (and buffering) every event this processor writes to it from now on.
+            self.restorer.unassign()
             await self._activate(owned)
 
     def _restore_record(self, owned: Owned, message: Any) -> None:

@@ -41,7 +41,7 @@ from flowstream.model.events import (
     WorkflowProgress,
 )
 from flowstream.model.snapshot import HookStatus, StepStatus, WaitStatus
-from flowstream.model.spec import RetryPolicy, WorkflowSpec
+from flowstream.model.spec import DEFAULT_RETRY, RetryPolicy, WorkflowSpec
 from flowstream.replay.state import CancellationState, RunState
 
 __all__ = [
@@ -289,7 +289,7 @@ class WorkflowContext:
     ) -> StepCommand:
         """One member of a ``schedule_steps`` batch."""
         return StepCommand(
-            step_id=step_id, step_name=step_name, input=input, retry=retry or RetryPolicy()
+            step_id=step_id, step_name=step_name, input=input, retry=retry or DEFAULT_RETRY
         )
 
     def schedule_step(

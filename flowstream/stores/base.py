@@ -118,10 +118,8 @@ class EventStore(ABC):
             if state is None:
                 validate_run_id(run_id)
             now = self._clock()
-            # Every field is already valid (the events are validated models, the run id was
-            # checked, the rest is made here): build the envelopes without validating again.
             envelopes = [
-                EventEnvelope.model_construct(
+                EventEnvelope(
                     run_id=run_id,
                     sequence=expected_sequence + offset,
                     event_id=new_event_id(),

@@ -88,6 +88,7 @@ class PartitionStore(RocksDBEventStore):
         self._staged_hooks: dict[str, tuple[str, str]] = {}
         self._staged_inbox: dict[bytes, bytes | None] = {}
         self._staged_tokens: dict[str, tuple[str, str]] = {}
+        self._staged_wakeups = False
         # How many commands wait in the inbox, so the common case (none) costs no scan.
         self._parked_count = sum(1 for _ in self._scan(b"i"))
 
@@ -137,6 +138,8 @@ class PartitionStore(RocksDBEventStore):
         batch = self._stage()
         run_key = run_id.encode()
         put_append(batch, run_id, envelopes, encoded, changes)
+        if changes.added_wakeups or changes.removed_wakeups:
+            self._staged_wakeups = True
         for digest, owner_run, hook_id in changes.claimed_hooks:
             self._staged_hooks[digest] = (owner_run, hook_id)
         self._staged_runs.add(run_id)
@@ -154,6 +157,9 @@ class PartitionStore(RocksDBEventStore):
         if events_offset is not None:
             batch.put(_OFFSET_KEY, events_offset.to_bytes(8, "big"))
         self._db.write(batch, self._write_options)
+        if self._staged_wakeups:
+            self._forget_earliest()
+            self._staged_wakeups = False
         self._batch = None
         self._staged_runs.clear()
         self._staged_hooks.clear()
@@ -163,6 +169,7 @@ class PartitionStore(RocksDBEventStore):
     def discard(self) -> None:
         """After an abort: forget staged writes and every run state they touched."""
         self._batch = None
+        self._staged_wakeups = False
         self._parked_count = sum(1 for _ in self._scan(b"i"))
         for run_id in self._staged_runs:
             self._states.pop(run_id, None)

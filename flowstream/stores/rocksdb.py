@@ -71,6 +71,13 @@ def put_append(
         batch.put(b"h" + digest.encode(), f"{owner_run}\0{hook_id}".encode())
 
 
+class _Unknown:
+    """The earliest wakeup has to be read from the index again."""
+
+
+_UNKNOWN = _Unknown()
+
+
 def _parse_wakeup(key: bytes) -> Wakeup:
     run_id, kind, subject = key[10:].decode().split("\0", 2)
     return Wakeup(_from_micros(key[1:9]), run_id, kind, subject)
@@ -107,6 +114,7 @@ class RocksDBEventStore(EventStore):
         self._write_options.sync = sync in ("always", True)
         self._written = 0
         self._synced = 0
+        self._earliest: Wakeup | _Unknown | None = _UNKNOWN
         self._cache_runs = cache_runs
         self._closed = False
 
@@ -129,13 +137,22 @@ class RocksDBEventStore(EventStore):
             return [_parse_wakeup(key) for key, _ in self._scan(b"w", end)]
 
     def next_wakeup(self) -> Wakeup | None:
+        """The earliest wakeup; remembered until a write changes the index (hosts ask often)."""
         with self._lock:
-            for key, _ in self._scan(b"w"):
-                return _parse_wakeup(key)
-            return None
+            if self._earliest is _UNKNOWN:
+                self._earliest = next((_parse_wakeup(key) for key, _ in self._scan(b"w")), None)
+            assert not isinstance(self._earliest, _Unknown)
+            return self._earliest
+
+    def _forget_earliest(self) -> None:
+        """The wakeup index changed: read the earliest wakeup again when asked."""
+        self._earliest = _UNKNOWN
 
     def _load(self, run_id: str) -> list[EventEnvelope] | None:
-        prefix = b"e" + run_id.encode() + b"\0"
+        run_key = run_id.encode()
+        if self._db.get(b"r" + run_key) is None:  # a point lookup is cheaper than a scan
+            return None
+        prefix = b"e" + run_key + b"\0"
         history: list[EventEnvelope] = []
         for _, value in self._scan(prefix):
             history.append(self._decode(run_id, value))
@@ -168,6 +185,8 @@ class RocksDBEventStore(EventStore):
         batch = WriteBatch(raw_mode=True)
         put_append(batch, run_id, envelopes, encoded, changes)
         self._db.write(batch, self._write_options)
+        if changes.added_wakeups or changes.removed_wakeups:
+            self._forget_earliest()
         self._written += 1
         if self._write_options.sync:
             self._synced = self._written
