@@ -2,17 +2,20 @@
 
 The loop, each iteration:
 
-1. poll the command topics (rebalance callbacks run inside the poll);
-2. restore newly assigned partitions from the events topic, in bounded slices;
-3. apply each command to its partition's ``PartitionEngine`` inside the open transaction;
-4. record step outcomes that came back, and drive their runs;
-5. fire due timers and delayed retries by producing ``FireTimer`` commands;
-6. commit (``checkpoint.commit``) when the commit interval elapsed or the batch is full.
+1. settle the commit in flight if it finished: write the sealed RocksDB batches and start the
+   steps whose ``step_started`` it made durable (or abort);
+2. poll the command topics (rebalance callbacks run inside the poll);
+3. restore newly assigned partitions from the events topic, in bounded slices;
+4. apply each command to its partition's ``PartitionEngine`` inside the open transaction;
+5. record step outcomes that came back, and drive their runs;
+6. fire due timers and delayed retries by producing ``FireTimer`` commands;
+7. seal the open transaction and start its commit in the commit thread when nothing more is
+   about to join it (see ``_should_commit``); decisions go on meanwhile, into the next one.
 
 Owning partition *p* means: every command topic's partition *p* is assigned to this member.
-Partitions are restored before any decision, and every transaction carries the consumer positions
-of every active partition with the group metadata, so a member that lost a partition can never
-make an event for it visible.
+Partitions are restored before any decision, and every transaction carries consumer positions
+with the group metadata, so a member that lost a partition can never make an event for it
+visible.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,6 +137,9 @@ class Owned:
     events_end: int | None = None
     fired: dict[tuple[str, str, str], float] = field(default_factory=dict)
     outbox: list[tuple[str, str, int]] = field(default_factory=list)
+    # What the transaction being committed holds: its steps and consumer positions.
+    sealed_outbox: list[tuple[str, str, int]] = field(default_factory=list)
+    sealed_positions: dict[str, int] = field(default_factory=dict)
 
 
 class Processor:
@@ -172,11 +178,18 @@ class Processor:
         self._executor = ThreadPoolExecutor(
             max_workers=settings.step_concurrency, thread_name_prefix="flowstream-step"
         )
-        self._outcome_ready = asyncio.Event()
+        # Set when a step outcome or a commit comes back while the loop waits for one.
+        self._wake = asyncio.Event()
         # Steps started by the latest commit whose outcome has not come back yet.
         self._fresh_steps = 0
         self._commit_round = 0
         self._txn_open = False
+        self._producing = False
+        self._deferred: list[tuple[str, int, bytes, bytes, Any]] = []
+        self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowstream-commit")
+        self._committing: Future[None] | None = None
+        self._sealed: list[Owned] = []
+        self._commit_began = 0.0
         self._txn_began = 0.0
         self._txn_commands = 0
         self._delivery_error: Any = None
@@ -263,21 +276,25 @@ class Processor:
                 with contextlib.suppress(Exception):
                     close()
             self._executor.shutdown(wait=False, cancel_futures=True)
+            self._committer.shutdown(wait=False, cancel_futures=True)
 
     # -- the loop -------------------------------------------------------------------------
 
     async def _iteration(self) -> None:
         restoring = any(o.restoring for o in self._owned.values())
+        if self._committing is not None and self._committing.done():
+            self._settle_commit()
         if self._results or restoring:
             messages = self.consumer.consume(num_messages=500, timeout=0)
-        elif self._tasks:
-            # Steps are running: take what is already fetched, or else wait on the loop for
-            # the next step outcome (a short while at most, so new commands are not held).
+        elif self._tasks or self._committing is not None:
+            # Steps run or a commit is in flight: take what is already fetched, or else wait
+            # on the loop for an outcome or the commit (a short while at most, so new
+            # commands are not held).
             messages = self.consumer.consume(num_messages=500, timeout=0)
             if not messages:
-                self._outcome_ready.clear()
+                self._wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._outcome_ready.wait(), _STEP_WAIT_S)
+                    await asyncio.wait_for(self._wake.wait(), _STEP_WAIT_S)
         else:
             # Nothing runs here: block in a thread until a command arrives.
             assert self._loop is not None
@@ -292,8 +309,8 @@ class Processor:
         while self._results:
             await self._step_result(*self._results.popleft())
         self._fire_timers()
-        if self._txn_open and self._should_commit():
-            self._commit()
+        if self._txn_open and self._committing is None and self._should_commit():
+            self._start_commit()
 
     def _should_commit(self) -> bool:
         """Commit when nothing more is about to join the open transaction: no outcome queued
@@ -318,21 +335,33 @@ class Processor:
         return [first, *self.consumer.consume(num_messages=499, timeout=0)]
 
     # -- transactions ---------------------------------------------------------------------
+    #
+    # Two transactions can be under way. The *committing* one is sealed: its records are all
+    # produced, and the commit thread sends the positions and commits it. The *open* one
+    # keeps taking decisions meanwhile; its records wait in ``_deferred`` until the commit is
+    # settled and the producer can begin the next transaction. The open transaction was
+    # decided on top of the committing one, so an abort of either throws both away.
 
     def _begin(self) -> None:
+        """Open a transaction for what comes next (on Kafka at once, unless one commits)."""
         if not self._txn_open:
-            try:
-                self.producer.begin_transaction()
-            except clients.KafkaException as exc:
-                if exc.args[0].fatal():
-                    raise
-                _retrying(lambda: self.producer.abort_transaction(30), attempts=20)
-                self.producer.begin_transaction()
             self._txn_open = True
             self._txn_began = time.monotonic()
             self._txn_commands = 0
-            self._delivery_error = None
-            self._events_end.clear()
+        if not self._producing and self._committing is None:
+            self._begin_on_kafka()
+
+    def _begin_on_kafka(self) -> None:
+        try:
+            self.producer.begin_transaction()
+        except clients.KafkaException as exc:
+            if exc.args[0].fatal():
+                raise
+            _retrying(lambda: self.producer.abort_transaction(30), attempts=20)
+            self.producer.begin_transaction()
+        self._producing = True
+        self._delivery_error = None
+        self._events_end.clear()
 
     def _delivered(self, err: Any, message: Any) -> None:
         if err is not None:
@@ -343,22 +372,23 @@ class Processor:
             self._events_end[partition] = max(self._events_end.get(partition, 0), end)
 
     def _commit(self, *, start_steps: bool = True) -> None:
-        """Commit the open transaction (checkpoint steps in order), or abort it.
+        """Commit everything staged so far and wait for it (shutdown, revocation)."""
+        self._settle_commit(start_steps=start_steps)
+        if self._txn_open:
+            self._start_commit()
+            self._settle_commit(start_steps=start_steps)
 
-        1. flush the producer: every event and command of the transaction is acknowledged;
-        2. send the positions of *every* active partition with the group metadata read now, so
-           the broker fences this commit if the member lost its generation;
-        3. commit the transaction;
-        4. write each partition's staged RocksDB batch with the events offset it reflects;
-        5. start the steps whose ``step_started`` events just became durable.
+    def _start_commit(self) -> None:
+        """Seal the open transaction and hand its commit to the commit thread.
+
+        1. the positions that moved since the last commit (any one position when none moved:
+           the group coordinator checks the generation of every offset commit, so each
+           transaction is fenced if this member lost its partitions);
+        2. each partition's staged RocksDB batch and outbox are sealed with the transaction;
+        3. the commit thread sends the positions with the group metadata read now, and
+           commits (``commit_transaction`` flushes and fails on any undelivered record).
         """
-        if not self._txn_open:
-            return
-        began = time.monotonic()
         active = [o for o in self._owned.values() if not o.restoring]
-        # The positions that moved since the last commit; positions already committed stay
-        # committed. Any one offset makes the group coordinator check the generation, so a
-        # transaction that consumed nothing carries one unchanged position as its fence.
         offsets = [
             clients.TopicPartition(topic, owned.partition, position)
             for owned in active
@@ -370,57 +400,96 @@ class Processor:
             for topic, position in list(owned.positions.items())[:1]
             if position >= 0
         ]
+        if not offsets:
+            self._abort("no valid consumer positions to gate the transaction")
+            return
+        if not self._producing:  # everything was deferred behind the previous commit
+            self._begin_on_kafka()
+            self._flush_deferred()
+        metadata = self.consumer.consumer_group_metadata()
+        for owned in active:
+            if owned.store.has_staged:
+                owned.store.seal()
+            owned.sealed_outbox, owned.outbox = owned.outbox, []
+            owned.sealed_positions = dict(owned.positions)
+        self._txn_open = False
+        self._producing = False
+        self._sealed = active
+        self._commit_began = time.monotonic()
+        self._committing = self._committer.submit(self._commit_blocking, offsets, metadata)
+        self._committing.add_done_callback(self._wake_loop)
+
+    def _commit_blocking(self, offsets: list[Any], metadata: Any) -> None:
+        """In the commit thread: send the positions, commit, serve the delivery reports."""
+        _retrying(lambda: self.producer.send_offsets_to_transaction(offsets, metadata, 30))
+        _retrying(lambda: self.producer.commit_transaction(30))
+        self.producer.poll(0)
+        if self._delivery_error is not None:
+            raise _Abort(f"delivery failed: {self._delivery_error}")
+
+    def _settle_commit(self, *, start_steps: bool = True) -> None:
+        """Wait for the commit in flight, then write the sealed batches with the events offsets
+        they reflect and start the steps whose ``step_started`` just became durable; or abort."""
+        future = self._committing
+        if future is None:
+            return
         try:
-            if not offsets:
-                raise _Abort("no valid consumer positions to gate the transaction")
-            _retrying(
-                lambda: self.producer.send_offsets_to_transaction(
-                    offsets, self.consumer.consumer_group_metadata(), 30
-                )
-            )
-            # commit_transaction flushes and fails on any undelivered record (flush() itself
-            # cannot be trusted once the producer is fenced); then serve the delivery reports,
-            # which carry the events offsets the local batches record.
-            _retrying(lambda: self.producer.commit_transaction(30))
-            self.producer.poll(0)
-            if self._delivery_error is not None:
-                raise _Abort(f"delivery failed: {self._delivery_error}")
+            future.result()
         except (clients.KafkaException, _Abort) as exc:
+            self._committing = None
             if isinstance(exc, clients.KafkaException) and exc.args[0].fatal():
                 raise
-            self._abort(str(exc))
+            self._abort(str(exc), commit_failed=True)
             return
-        self._txn_open = False
+        self._committing = None
         self._commit_round += 1
         self._fresh_steps = 0
-        for owned in active:
-            end = self._events_end.get(owned.partition)
-            if owned.store.has_staged or end is not None:
-                owned.store.commit_local(end)
-            owned.committed = dict(owned.positions)
-            for run_id, step_id, attempt in owned.outbox if start_steps else ():
+        for owned in self._sealed:
+            if self._owned.get(owned.partition) is not owned:
+                continue
+            owned.store.commit_sealed(self._events_end.get(owned.partition))
+            owned.committed = owned.sealed_positions
+            for run_id, step_id, attempt in owned.sealed_outbox if start_steps else ():
                 key = (owned.partition, run_id, step_id, attempt)
                 if key not in self._inflight:
                     self._inflight.add(key)
                     self._start_step(owned, run_id, step_id, attempt)
-            owned.outbox.clear()
-        self.metrics.transaction_seconds.observe(time.monotonic() - began)
+            owned.sealed_outbox = []
+        self._sealed = []
+        self.metrics.transaction_seconds.observe(time.monotonic() - self._commit_began)
+        if self._txn_open:
+            self._begin_on_kafka()
+            self._flush_deferred()
 
-    def _abort(self, reason: str) -> None:
+    def _wake_loop(self, _: Any) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    def _abort(self, reason: str, *, commit_failed: bool = False) -> None:
         LOG.warning("aborting transaction: %s", reason)
         self.metrics.aborts.inc()
-        try:
-            _retrying(lambda: self.producer.abort_transaction(30), attempts=20)
-        except clients.KafkaException as exc:
-            if exc.args[0].fatal():
-                raise
-            # The coordinator is unreachable for now; librdkafka keeps the producer in the
-            # abort-required state, so the next begin fails until an abort goes through.
-            LOG.error("abort did not complete: %s", exc)
+        if self._committing is not None:  # cannot abort under a commit in flight
+            with contextlib.suppress(Exception):
+                self._committing.result()
+            self._committing = None
+            commit_failed = True
+        if self._producing or commit_failed:
+            try:
+                _retrying(lambda: self.producer.abort_transaction(30), attempts=20)
+            except clients.KafkaException as exc:
+                if exc.args[0].fatal():
+                    raise
+                # The coordinator is unreachable for now; librdkafka keeps the producer in
+                # the abort-required state, so the next begin fails until an abort goes through.
+                LOG.error("abort did not complete: %s", exc)
         self._txn_open = False
+        self._producing = False
+        self._deferred.clear()
+        self._sealed = []
         for owned in self._owned.values():
             owned.store.discard()
             owned.outbox.clear()
+            owned.sealed_outbox = []
             owned.fired.clear()
             owned.positions = dict(owned.committed)
             if not owned.restoring:
@@ -435,10 +504,21 @@ class Processor:
         self, topic: str, partition: int, key: str, value: bytes, headers: Any = None
     ) -> None:
         self._begin()
+        if self._producing:
+            self._send(topic, partition, key.encode(), value, headers)
+        else:
+            self._deferred.append((topic, partition, key.encode(), value, headers))
+
+    def _flush_deferred(self) -> None:
+        for record in self._deferred:
+            self._send(*record)
+        self._deferred.clear()
+
+    def _send(self, topic: str, partition: int, key: bytes, value: bytes, headers: Any) -> None:
         while True:
             try:
                 self.producer.produce(
-                    topic, value=value, key=key.encode(), partition=partition, headers=headers
+                    topic, value=value, key=key, partition=partition, headers=headers
                 )
                 return
             except BufferError:
@@ -517,7 +597,7 @@ class Processor:
         self._drop({tp.partition for tp in revoked})
 
     def _on_lost(self, consumer: Any, lost: list[Any]) -> None:
-        if self._txn_open:
+        if self._txn_open or self._committing is not None:
             self._abort("partitions lost")
         self._drop({tp.partition for tp in lost})
 
@@ -903,7 +983,7 @@ class Processor:
             self._tasks.discard(task)
             if round_ == self._commit_round:
                 self._fresh_steps -= 1
-            self._outcome_ready.set()
+            self._wake.set()
 
         task.add_done_callback(done)
 

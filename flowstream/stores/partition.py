@@ -84,6 +84,7 @@ class PartitionStore(RocksDBEventStore):
         self.partition = partition
         self._sink = sink
         self._batch: WriteBatch | None = None
+        self._sealed: WriteBatch | None = None
         self._staged_runs: set[str] = set()
         self._staged_hooks: dict[str, tuple[str, str]] = {}
         self._staged_inbox: dict[bytes, bytes | None] = {}
@@ -108,6 +109,10 @@ class PartitionStore(RocksDBEventStore):
     @property
     def has_staged(self) -> bool:
         return self._batch is not None
+
+    @property
+    def has_sealed(self) -> bool:
+        return self._sealed is not None
 
     def _stage(self) -> WriteBatch:
         if self._batch is None:
@@ -151,24 +156,47 @@ class PartitionStore(RocksDBEventStore):
         else:
             batch.delete(b"x" + run_key)
 
+    def seal(self) -> None:
+        """The open transaction is being committed: later appends stage into a new batch.
+
+        The sealed batch is written by ``commit_sealed`` once the commit succeeded; an abort
+        discards it together with whatever was staged after it (it was decided on top of it).
+        """
+        assert self._sealed is None, "a sealed batch is still waiting for its commit"
+        self._sealed = self._stage()
+        self._batch = None
+
+    def commit_sealed(self, events_offset: int | None) -> None:
+        """After the sealed transaction committed: write its batch with the events offset."""
+        batch = self._sealed if self._sealed is not None else WriteBatch(raw_mode=True)
+        self._sealed = None
+        self._write_committed(batch, events_offset)
+
     def commit_local(self, events_offset: int | None) -> None:
-        """After the transaction committed: write the staged batch with the events offset."""
+        """Write the staged batch with the events offset (restore, and unpipelined commits)."""
         batch = self._stage()
+        self._batch = None
+        self._write_committed(batch, events_offset)
+
+    def _write_committed(self, batch: WriteBatch, events_offset: int | None) -> None:
         if events_offset is not None:
             batch.put(_OFFSET_KEY, events_offset.to_bytes(8, "big"))
         self._db.write(batch, self._write_options)
         if self._staged_wakeups:
             self._forget_earliest()
+        if self._batch is None:
+            # Nothing is staged after this batch: the overlays describe the database now.
+            # (Otherwise they stay: each entry is still the newest value of its key.)
             self._staged_wakeups = False
-        self._batch = None
-        self._staged_runs.clear()
-        self._staged_hooks.clear()
-        self._staged_inbox.clear()
-        self._staged_tokens.clear()
+            self._staged_runs.clear()
+            self._staged_hooks.clear()
+            self._staged_inbox.clear()
+            self._staged_tokens.clear()
 
     def discard(self) -> None:
         """After an abort: forget staged writes and every run state they touched."""
         self._batch = None
+        self._sealed = None
         self._staged_wakeups = False
         self._parked_count = sum(1 for _ in self._scan(b"i"))
         for run_id in self._staged_runs:
