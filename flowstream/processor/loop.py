@@ -567,6 +567,14 @@ class Processor:
 
     async def _activate(self, owned: Owned) -> None:
         """Restored: resume the command partitions, re-run unsettled steps, retry the inbox."""
+        for run_id, exc in owned.store.finish_restore():
+            self.metrics.corrupt_records.inc()
+            LOG.error(
+                "partition %d: run %s is not indexed after the restore: %s",
+                owned.partition,
+                run_id,
+                exc,
+            )
         owned.restoring = False
         self.metrics.restore_seconds.observe(time.monotonic() - owned.restore_began)
         self.consumer.resume(

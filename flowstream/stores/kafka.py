@@ -402,6 +402,15 @@ class KafkaEventStore(EventStore):
             watermarks.close()
         if targets:
             self._read(targets)
+        for store in self._partitions:
+            failures = store.finish_restore()
+            if failures:
+                run_id, exc = failures[0]
+                raise CorruptHistoryError(
+                    f"run {run_id} restored from {self.topic}[{store.partition}] does not "
+                    f"validate: {exc}; audit the topic with `flowstream audit`",
+                    run_id=run_id,
+                ) from exc
 
     def _check_topic(self, metadata: clients.ClusterMetadata) -> None:
         topic = metadata.topics.get(self.topic)
