@@ -271,18 +271,27 @@ class AvroCodec:
         # a byte that ends the event body, is the common case; anything else takes decode_event.
         if len(data) < _HEADER_SIZE + 6 or data[-1] != _VERSION_BYTE or data[-2] >= 0x80:
             return None
+        # Varints below 64 (most lengths, sequences and branches) are one even byte; the
+        # others go through _long. The timestamp is skipped, not read.
         try:
-            size, at = _long(data, _HEADER_SIZE)
+            at = _HEADER_SIZE
+            byte = data[at]
+            size, at = (byte >> 1, at + 1) if not byte & 0x81 else _long(data, at)
             end = at + size
             if size < 0 or end > len(data):
                 raise SerializationError("run_id overruns the record")
             run_id = data[at:end].decode()
-            sequence, at = _long(data, end)
-            size, at = _long(data, at)  # event_id
+            byte = data[end]
+            sequence, at = (byte >> 1, end + 1) if not byte & 0x81 else _long(data, end)
+            byte = data[at]
+            size, at = (byte >> 1, at + 1) if not byte & 0x81 else _long(data, at)
             if size < 0:
                 raise SerializationError("event_id has a negative length")
-            _, at = _long(data, at + size)  # timestamp
-            branch, at = _long(data, at)
+            at += size
+            while data[at] & 0x80:  # the timestamp
+                at += 1
+            byte = data[at + 1]
+            branch, at = (byte >> 1, at + 2) if not byte & 0x81 else _long(data, at + 1)
             if sequence < 1 or not 0 <= branch < len(self._event_types) or at >= len(data):
                 raise SerializationError(f"sequence {sequence} or event branch {branch} is invalid")
             return run_id, sequence, self._event_types[branch]

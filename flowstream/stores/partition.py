@@ -108,6 +108,7 @@ class PartitionStore(RocksDBEventStore):
         # Runs restored without a projection: run id → [last sequence, last event type (None:
         # unknown, not terminal), has a u-mark in RocksDB]. ``_restaged``: those in the batch.
         self._restored: dict[str, list[Any]] = self._unindexed_runs()
+        self._event_head = codec.default_codec().event_head
         self._restaged: set[str] = set()
 
     # -- encoding: Avro single-object, the same bytes as on the events topic --------------------
@@ -219,7 +220,7 @@ class PartitionStore(RocksDBEventStore):
         A record that is not a legal next event of its run raises (``SerializationError``,
         ``InvalidTransitionError``) and changes nothing.
         """
-        head = codec.event_head(raw)
+        head = self._event_head(raw)
         envelope: EventEnvelope | None = None
         if head is None:  # another writer schema: the full decode
             envelope = codec.decode_event(raw)
