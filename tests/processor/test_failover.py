@@ -4,6 +4,7 @@ contiguous with no duplicate sequence and that every started run reaches its out
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import time
@@ -15,6 +16,7 @@ import pytest
 
 from flowstream import codec
 from flowstream.client import FlowClient
+from flowstream.errors import RunNotFoundError
 from flowstream.kafka import clients
 from flowstream.model.events import RunStarted
 from flowstream.partitioning import partition_for
@@ -180,7 +182,13 @@ def test_bad_records_on_the_events_topic_are_skipped_by_the_restore(cluster: Clu
     worker = cluster.start("w1")
     cluster.client.start("waiting", SPEC, {"signal": True})
     cluster.client.flush()
-    time.sleep(1)
+    deadline = time.monotonic() + 60
+    created = False
+    while not created and time.monotonic() < deadline:
+        time.sleep(0.2)
+        with contextlib.suppress(clients.KafkaException, RunNotFoundError):  # not yet
+            created = bool(cluster.client.history("waiting"))
+    assert created, cluster.logs()
     assert worker.stop() == 0
     shutil.rmtree(cluster.root / "state" / "w1")
     # On another partition than the run's (the client's own reader would refuse them).
