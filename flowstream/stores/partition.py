@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 from rocksdict import WriteBatch
 
@@ -83,6 +82,18 @@ _RUNNING_EVENTS = _TERMINAL_EVENTS | {
 _RESTORED_KEPT = 100_000
 
 
+class _Restored:
+    """A run restored without a projection: its last sequence and event type (``None`` when
+    only known to be unfinished), and whether RocksDB holds its u-mark."""
+
+    __slots__ = ("kind", "last", "marked")
+
+    def __init__(self, last: int, kind: str | None, marked: bool) -> None:
+        self.last = last
+        self.kind = kind
+        self.marked = marked
+
+
 def _has_running_step(state: RunState) -> bool:
     return not state.is_terminal and any(
         state.steps[s].status is StepStatus.RUNNING for s in state.active_steps
@@ -105,9 +116,8 @@ class PartitionStore(RocksDBEventStore):
         self._staged_tokens: dict[str, tuple[str, str]] = {}
         # How many commands wait in the inbox, so the common case (none) costs no scan.
         self._parked_count = sum(1 for _ in self._scan(b"i"))
-        # Runs restored without a projection: run id → [last sequence, last event type (None:
-        # unknown, not terminal), has a u-mark in RocksDB]. ``_restaged``: those in the batch.
-        self._restored: dict[str, list[Any]] = self._unindexed_runs()
+        # Runs restored without a projection, and those of them in the staged batch.
+        self._restored: dict[str, _Restored] = self._unindexed_runs()
         self._event_head = codec.default_codec().event_head
         self._restaged: set[str] = set()
 
@@ -235,15 +245,15 @@ class PartitionStore(RocksDBEventStore):
                 raise InvalidTransitionError(
                     "a history must start with run_created at sequence 1", run_id=run_id
                 )
-            held = self._restored[run_id] = [0, kind, False]
-        elif sequence <= held[0]:
+            held = self._restored[run_id] = _Restored(0, kind, False)
+        elif sequence <= held.last:
             return False
-        elif sequence != held[0] + 1:
+        elif sequence != held.last + 1:
             raise InvalidTransitionError(
-                f"sequence {sequence} does not follow {held[0]}", run_id=run_id
+                f"sequence {sequence} does not follow {held.last}", run_id=run_id
             )
-        elif held[1] in _TERMINAL_EVENTS:
-            raise InvalidTransitionError(f"{kind} after the run's {held[1]}", run_id=run_id)
+        elif held.kind in _TERMINAL_EVENTS:
+            raise InvalidTransitionError(f"{kind} after the run's {held.kind}", run_id=run_id)
         elif kind == "run_created":
             raise InvalidTransitionError(
                 "run_created cannot appear after the first event", run_id=run_id
@@ -255,8 +265,8 @@ class PartitionStore(RocksDBEventStore):
             batch.put(b"h" + event.token_digest.encode(), f"{run_id}\0{event.hook_id}".encode())
             self._staged_hooks[event.token_digest] = (run_id, event.hook_id)
         batch.put(b"e" + run_id.encode() + b"\0" + sequence.to_bytes(8, "big"), raw)
-        held[0] = sequence
-        held[1] = kind
+        held.last = sequence
+        held.kind = kind
         self._restaged.add(run_id)
         return True
 
@@ -294,36 +304,38 @@ class PartitionStore(RocksDBEventStore):
         for run_id in self._restaged:
             held = self._restored[run_id]
             key = run_id.encode()
-            batch.put(b"r" + key, held[0].to_bytes(8, "big"))
+            batch.put(b"r" + key, held.last.to_bytes(8, "big"))
             self._states.pop(run_id, None)  # a read during the restore cached less
-            if held[1] in _TERMINAL_EVENTS:
-                if held[2]:
+            if held.kind in _TERMINAL_EVENTS:
+                if held.marked:
                     batch.delete(b"u" + key)
-                    held[2] = False
-            elif not held[2]:
+                    held.marked = False
+            elif not held.marked:
                 batch.put(b"u" + key, b"")
-                held[2] = True
+                held.marked = True
         self._restaged.clear()
         if len(self._restored) > _RESTORED_KEPT:
             # Finished runs are in RocksDB now; a later record of one takes the slow path.
-            self._restored = {r: h for r, h in self._restored.items() if h[2]}
+            self._restored = {r: h for r, h in self._restored.items() if h.marked}
 
-    def _unindexed_runs(self) -> dict[str, list[Any]]:
-        found: dict[str, list[Any]] = {}
+    def _unindexed_runs(self) -> dict[str, _Restored]:
+        """The u-marked runs (a restore was interrupted after committing some of them)."""
+        found: dict[str, _Restored] = {}
         for key, _ in self._scan(b"u"):
             raw = self._db.get(b"r" + key[1:])
             last = 0 if raw is None else int.from_bytes(bytes(raw), "big")
-            found[key[1:].decode()] = [last, None, True]
+            found[key[1:].decode()] = _Restored(last, None, True)
         return found
 
     def finish_restore(self) -> list[tuple[str, FlowError]]:
         """Build the wakeup and running-step entries of every restored run that is not finished
         (call after the last ``commit_local`` of a restore). Returns the runs whose history
         does not validate, with the error; they stay readable and report it."""
+        assert not self._restaged, "commit_local the restored records first"
         failures: list[tuple[str, FlowError]] = []
         batch = WriteBatch(raw_mode=True)
         for run_id, held in self._restored.items():
-            if not held[2]:
+            if not held.marked:
                 continue
             key = run_id.encode()
             batch.delete(b"u" + key)
