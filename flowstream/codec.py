@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, get_args, overload
 
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
@@ -38,7 +38,7 @@ from pydantic import BaseModel, ValidationError
 
 from flowstream.datum import RecordPlan, plan
 from flowstream.errors import SerializationError
-from flowstream.model.events import EventEnvelope
+from flowstream.model.events import EVENT_SCHEMA_VERSION, EventEnvelope, FlowEvent
 from flowstream.model.messages import (
     CancelRun,
     CommandMessage,
@@ -62,6 +62,7 @@ __all__ = [
     "default_codec",
     "encode_event",
     "encode_message",
+    "event_head",
     "message_schema_name",
     "resolve_schema",
 ]
@@ -84,6 +85,14 @@ _PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "b
 _NAMED = frozenset({"record", "error", "enum", "fixed"})
 
 M = TypeVar("M", bound=BaseModel)
+
+#: The envelope fields ``event_head`` reads, in the order the current schema must have them.
+_HEAD_FIELDS = ("run_id", "sequence", "event_id", "timestamp", "event")
+#: Event type by model class name (the short name of its branch of the envelope's union).
+_EVENT_TYPES: dict[str, str] = {
+    member.__name__: str(member.model_fields["type"].default)
+    for member in get_args(get_args(FlowEvent)[0])
+}
 
 
 def message_schema_name(message_type: type[BaseModel]) -> str:
@@ -203,10 +212,16 @@ class AvroCodec:
         wire.update((message_schema_name(m), m) for m in messages)
         self._readers: dict[type[BaseModel], _Reader] = {}
         self._writers: dict[bytes, _Writer] = {}
+        self._event_header = b""
+        self._event_types: tuple[str, ...] | None = None
         for name, model in wire.items():
-            reader = self._reader(name, model, resolve_schema(name, library))
+            resolved = resolve_schema(name, library)
+            reader = self._reader(name, model, resolved)
             self._readers[model] = reader
             self._writers[reader.header[len(MARKER) :]] = _Writer(reader, None)
+            if model is EventEnvelope:
+                self._event_header = reader.header
+                self._event_types = _head_plan(resolved)
         history = directory.joinpath("history")
         if history.is_dir():
             by_name = {reader.name: reader for reader in self._readers.values()}
@@ -236,6 +251,54 @@ class AvroCodec:
         envelope = self._decode(data, (EventEnvelope,))
         assert isinstance(envelope, EventEnvelope)
         return envelope
+
+    def event_head(self, data: bytes) -> tuple[str, int, str] | None:
+        """``(run id, sequence, event type)`` of an event envelope, read from its first bytes
+        without decoding or validating the rest (for records flowstream itself wrote to the
+        events topic and validated then, e.g. on restore).
+
+        ``None`` when the fast read does not apply (another writer schema, or a schema version
+        it cannot see at a glance): use :meth:`decode_event`. Bytes that are not an event
+        envelope, or whose first fields are corrupt, raise ``SerializationError``.
+        """
+        if not isinstance(data, bytes):
+            return None
+        if self._event_types is None or data[:_HEADER_SIZE] != self._event_header:
+            if self._writer(data).reader.model is not EventEnvelope:
+                self._decode(data, (EventEnvelope,))  # raises: another record
+            return None
+        # The last field is schema_version; a one-byte varint of the supported version, after
+        # a byte that ends the event body, is the common case; anything else takes decode_event.
+        if len(data) < _HEADER_SIZE + 6 or data[-1] != _VERSION_BYTE or data[-2] >= 0x80:
+            return None
+        # Varints below 64 (most lengths, sequences and branches) are one even byte; the
+        # others go through _long. The timestamp is skipped, not read.
+        try:
+            at = _HEADER_SIZE
+            byte = data[at]
+            size, at = (byte >> 1, at + 1) if not byte & 0x81 else _long(data, at)
+            end = at + size
+            if size < 0 or end > len(data):
+                raise SerializationError("run_id overruns the record")
+            run_id = data[at:end].decode()
+            byte = data[end]
+            sequence, at = (byte >> 1, end + 1) if not byte & 0x81 else _long(data, end)
+            byte = data[at]
+            size, at = (byte >> 1, at + 1) if not byte & 0x81 else _long(data, at)
+            if size < 0:
+                raise SerializationError("event_id has a negative length")
+            at += size
+            while data[at] & 0x80:  # the timestamp
+                at += 1
+            byte = data[at + 1]
+            branch, at = (byte >> 1, at + 2) if not byte & 0x81 else _long(data, at + 1)
+            if sequence < 1 or not 0 <= branch < len(self._event_types) or at >= len(data):
+                raise SerializationError(f"sequence {sequence} or event branch {branch} is invalid")
+            return run_id, sequence, self._event_types[branch]
+        except SerializationError as exc:
+            raise SerializationError(f"corrupt {ENVELOPE_SCHEMA}: {exc}") from None
+        except (IndexError, UnicodeDecodeError) as exc:
+            raise SerializationError(f"corrupt {ENVELOPE_SCHEMA}: {exc}") from None
 
     def encode_message(self, message: CommandMessage | DeadLetter) -> bytes:
         """The single-object encoding of a :data:`CommandMessage` or a :class:`DeadLetter`."""
@@ -349,6 +412,48 @@ class AvroCodec:
         return f"AvroCodec({len(self._readers)} wire records, {len(self._writers)} writer schemas)"
 
 
+_VERSION_BYTE = EVENT_SCHEMA_VERSION << 1  # zigzag; the fast read needs it below 0x80
+assert _VERSION_BYTE < 0x80
+
+
+def _head_plan(resolved: dict[str, Any]) -> tuple[str, ...] | None:
+    """Event type by union branch index, when the envelope schema starts with the fields
+    ``event_head`` reads and ends with ``schema_version``; ``None`` turns the fast read off."""
+    fields = resolved["fields"]
+    names = tuple(field["name"] for field in fields)
+    if names[: len(_HEAD_FIELDS)] != _HEAD_FIELDS or names[-1] != "schema_version":
+        return None
+    kinds = [fields[0]["type"], fields[1]["type"], fields[-1]["type"]]
+    stamp = fields[3]["type"]
+    if kinds != ["string", "long", "long"] or fields[2]["type"] != "string":
+        return None
+    if not (isinstance(stamp, dict) and stamp.get("type") == "long"):
+        return None
+    types: list[str] = []
+    for branch in fields[4]["type"]:
+        name = branch if isinstance(branch, str) else branch.get("name", "")
+        kind = _EVENT_TYPES.get(str(name).rsplit(".", 1)[-1])
+        if kind is None:
+            return None
+        types.append(kind)
+    return tuple(types)
+
+
+def _long(data: bytes, at: int) -> tuple[int, int]:
+    """The zigzag varint (Avro ``long``) at ``at`` and the position after it."""
+    byte = data[at]
+    value = byte & 0x7F
+    shift = 7
+    while byte & 0x80:
+        at += 1
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if shift > 70:
+            raise SerializationError("a varint is longer than 10 bytes")
+    return (value >> 1) ^ -(value & 1), at + 1
+
+
 def _header(resolved: dict[str, Any]) -> bytes:
     canonical = to_parsing_canonical_form(resolved)
     return MARKER + bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO"))
@@ -378,6 +483,11 @@ def encode_event(envelope: EventEnvelope) -> bytes:
 def decode_event(data: bytes) -> EventEnvelope:
     """Decode one event envelope with :func:`default_codec`."""
     return default_codec().decode_event(data)
+
+
+def event_head(data: bytes) -> tuple[str, int, str] | None:
+    """:meth:`AvroCodec.event_head` with :func:`default_codec`."""
+    return default_codec().event_head(data)
 
 
 def encode_message(message: CommandMessage | DeadLetter) -> bytes:

@@ -50,6 +50,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from flowstream import codec
 from flowstream.errors import CorruptHistoryError, FlowError, StoreLockedError
 from flowstream.kafka import clients
 from flowstream.model.events import EventEnvelope, FlowEvent, HookCreated
@@ -402,6 +403,15 @@ class KafkaEventStore(EventStore):
             watermarks.close()
         if targets:
             self._read(targets)
+        for store in self._partitions:
+            failures = store.finish_restore()
+            if failures:
+                run_id, exc = failures[0]
+                raise CorruptHistoryError(
+                    f"run {run_id} restored from {self.topic}[{store.partition}] does not "
+                    f"validate: {exc}; audit the topic with `flowstream audit`",
+                    run_id=run_id,
+                ) from exc
 
     def _check_topic(self, metadata: clients.ClusterMetadata) -> None:
         topic = metadata.topics.get(self.topic)
@@ -463,11 +473,15 @@ class KafkaEventStore(EventStore):
             restorer.close()
 
     def _restore_record(self, store: PartitionStore, message: Any) -> None:
-        kind = dict(message.headers() or ()).get(RECORD_HEADER, b"event")
-        if kind != b"event":
-            return  # a processor's inbox entry: not part of any history
+        value = message.value() or b""
+        # Events start with the Avro marker, which no inbox or hook-token record (UTF-8 text)
+        # starts with; only those need their (costly to build) headers read.
+        if value[:2] != codec.MARKER:
+            kind = dict(message.headers() or ()).get(RECORD_HEADER, b"event")
+            if kind != b"event":
+                return  # a processor's inbox entry: not part of any history
         try:
-            store.restore_event(message.value() or b"")
+            store.restore_event(value)
         except FlowError as exc:
             raise CorruptHistoryError(
                 f"{self.topic}[{message.partition()}]@{message.offset()} cannot be restored: "

@@ -12,6 +12,16 @@ Extra keys beside the ``RocksDBEventStore`` layout:
 ``x<run_id>``                      the run has a step started but not settled
 ``i<run_id>\\0<inbox id>``         a command parked until its run exists or its build is served
 ``t<token digest>``                <run_id>\\0<hook_id> for token-only hook resumes (digest-keyed)
+``u<run_id>``                      restored events of a live run whose wakeups and running-step
+                                   entries are not built yet (``finish_restore`` builds them)
+
+Restore is the one path that takes events without building them: records on the events topic
+were validated by the processor that wrote them, so ``restore_event`` reads only the run id,
+sequence and event type from the bytes (``codec.event_head``), checks the run's sequence and
+lifecycle (created first, contiguous, nothing after a terminal event), and stores the bytes.
+The indexes that need a projection are built once per run at the end (``finish_restore``), and
+only for runs that are not finished: a finished run has no wakeup and no running step. A run's
+history is still fully decoded and validated whenever it is read (``_load``).
 """
 
 from __future__ import annotations
@@ -22,12 +32,12 @@ from pathlib import Path
 from rocksdict import WriteBatch
 
 from flowstream import codec
-from flowstream.errors import PayloadTooLargeError
+from flowstream.errors import FlowError, InvalidTransitionError, PayloadTooLargeError
 from flowstream.model.events import EventEnvelope, HookCreated
 from flowstream.model.snapshot import StepStatus
 from flowstream.replay.state import RunState
 from flowstream.stores.base import MAX_EVENT_BYTES, Clock, IndexChanges, utc_now
-from flowstream.stores.rocksdb import RocksDBEventStore, put_append
+from flowstream.stores.rocksdb import RocksDBEventStore, put_append, wakeup_key
 
 __all__ = ["PartitionStore"]
 
@@ -68,6 +78,22 @@ _RUNNING_EVENTS = _TERMINAL_EVENTS | {
 }
 
 
+#: Restored runs remembered in memory before the finished ones are let go.
+_RESTORED_KEPT = 100_000
+
+
+class _Restored:
+    """A run restored without a projection: its last sequence and event type (``None`` when
+    only known to be unfinished), and whether RocksDB holds its u-mark."""
+
+    __slots__ = ("kind", "last", "marked")
+
+    def __init__(self, last: int, kind: str | None, marked: bool) -> None:
+        self.last = last
+        self.kind = kind
+        self.marked = marked
+
+
 def _has_running_step(state: RunState) -> bool:
     return not state.is_terminal and any(
         state.steps[s].status is StepStatus.RUNNING for s in state.active_steps
@@ -92,6 +118,10 @@ class PartitionStore(RocksDBEventStore):
         self._staged_wakeups = False
         # How many commands wait in the inbox, so the common case (none) costs no scan.
         self._parked_count = sum(1 for _ in self._scan(b"i"))
+        # Runs restored without a projection, and those of them in the staged batch.
+        self._restored: dict[str, _Restored] = self._unindexed_runs()
+        self._event_head = codec.default_codec().event_head
+        self._restaged: set[str] = set()
 
     # -- encoding: Avro single-object, the same bytes as on the events topic --------------------
 
@@ -175,6 +205,8 @@ class PartitionStore(RocksDBEventStore):
     def commit_local(self, events_offset: int | None) -> None:
         """Write the staged batch with the events offset (restore, and unpipelined commits)."""
         batch = self._stage()
+        if self._restaged:
+            self._stage_restored(batch)
         self._batch = None
         self._write_committed(batch, events_offset)
 
@@ -198,6 +230,9 @@ class PartitionStore(RocksDBEventStore):
         self._batch = None
         self._sealed = None
         self._staged_wakeups = False
+        if self._restaged:
+            self._restaged.clear()
+            self._restored = self._unindexed_runs()
         self._parked_count = sum(1 for _ in self._scan(b"i"))
         for run_id in self._staged_runs:
             self._states.pop(run_id, None)
@@ -225,15 +260,60 @@ class PartitionStore(RocksDBEventStore):
         return 0 if raw is None else int.from_bytes(bytes(raw), "big")
 
     def restore_event(self, raw: bytes) -> bool:
-        """Apply one committed event read back from the events topic; False if already held."""
-        envelope = codec.decode_event(raw)
+        """Take one committed event read back from the events topic; False if already held.
+
+        A record that is not a legal next event of its run raises (``SerializationError``,
+        ``InvalidTransitionError``) and changes nothing.
+        """
+        head = self._event_head(raw)
+        envelope: EventEnvelope | None = None
+        if head is None:  # another writer schema: the full decode
+            envelope = codec.decode_event(raw)
+            head = (envelope.run_id, envelope.sequence, envelope.event.type)
+        run_id, sequence, kind = head
+        held = self._restored.get(run_id)
+        if held is None:
+            if run_id in self._states or self._db.get(b"r" + run_id.encode()) is not None:
+                # A run this store held before the restore: advance its projection.
+                return self._restore_applied(envelope or codec.decode_event(raw), raw)
+            if sequence != 1 or kind != "run_created":
+                raise InvalidTransitionError(
+                    "a history must start with run_created at sequence 1", run_id=run_id
+                )
+            held = self._restored[run_id] = _Restored(0, kind, False)
+        elif sequence <= held.last:
+            return False
+        elif sequence != held.last + 1:
+            raise InvalidTransitionError(
+                f"sequence {sequence} does not follow {held.last}", run_id=run_id
+            )
+        elif held.kind in _TERMINAL_EVENTS:
+            raise InvalidTransitionError(f"{kind} after the run's {held.kind}", run_id=run_id)
+        elif kind == "run_created":
+            raise InvalidTransitionError(
+                "run_created cannot appear after the first event", run_id=run_id
+            )
+        batch = self._stage()
+        if kind == "hook_created":
+            event = (envelope or codec.decode_event(raw)).event
+            assert isinstance(event, HookCreated)
+            batch.put(b"h" + event.token_digest.encode(), f"{run_id}\0{event.hook_id}".encode())
+            self._staged_hooks[event.token_digest] = (run_id, event.hook_id)
+        batch.put(b"e" + run_id.encode() + b"\0" + sequence.to_bytes(8, "big"), raw)
+        held.last = sequence
+        held.kind = kind
+        self._restaged.add(run_id)
+        return True
+
+    def _restore_applied(self, envelope: EventEnvelope, raw: bytes) -> bool:
+        """Restore one event of a run that has a projection: apply it and diff its indexes."""
         state = self._state_or_none(envelope.run_id)
         if state is not None and envelope.sequence <= state.last_sequence:
             return False
         changes = IndexChanges()
         kind = envelope.event.type
         # Only some events can move a wakeup or a step's running state: the others skip the
-        # index work (restore speed is about this loop).
+        # index work.
         timed = state is not None and kind in _WAKEUP_EVENTS
         before = state.wakeups() if timed and state is not None else []
         if state is None:
@@ -253,6 +333,62 @@ class PartitionStore(RocksDBEventStore):
             envelope.run_id, [envelope], [raw], changes, running=kind in _RUNNING_EVENTS
         )
         return True
+
+    def _stage_restored(self, batch: WriteBatch) -> None:
+        """Last sequences and u-marks of the runs restored into this batch."""
+        for run_id in self._restaged:
+            held = self._restored[run_id]
+            key = run_id.encode()
+            batch.put(b"r" + key, held.last.to_bytes(8, "big"))
+            self._states.pop(run_id, None)  # a read during the restore cached less
+            if held.kind in _TERMINAL_EVENTS:
+                if held.marked:
+                    batch.delete(b"u" + key)
+                    held.marked = False
+            elif not held.marked:
+                batch.put(b"u" + key, b"")
+                held.marked = True
+        self._restaged.clear()
+        if len(self._restored) > _RESTORED_KEPT:
+            # Finished runs are in RocksDB now; a later record of one takes the slow path.
+            self._restored = {r: h for r, h in self._restored.items() if h.marked}
+
+    def _unindexed_runs(self) -> dict[str, _Restored]:
+        """The u-marked runs (a restore was interrupted after committing some of them)."""
+        found: dict[str, _Restored] = {}
+        for key, _ in self._scan(b"u"):
+            raw = self._db.get(b"r" + key[1:])
+            last = 0 if raw is None else int.from_bytes(bytes(raw), "big")
+            found[key[1:].decode()] = _Restored(last, None, True)
+        return found
+
+    def finish_restore(self) -> list[tuple[str, FlowError]]:
+        """Build the wakeup and running-step entries of every restored run that is not finished
+        (call after the last ``commit_local`` of a restore). Returns the runs whose history
+        does not validate, with the error; they stay readable and report it."""
+        assert not self._restaged, "commit_local the restored records first"
+        failures: list[tuple[str, FlowError]] = []
+        batch = WriteBatch(raw_mode=True)
+        for run_id, held in self._restored.items():
+            if not held.marked:
+                continue
+            key = run_id.encode()
+            batch.delete(b"u" + key)
+            self._states.pop(run_id, None)
+            try:
+                state = self._state_or_none(run_id)
+            except FlowError as exc:
+                failures.append((run_id, exc))
+                continue
+            if state is None:
+                continue
+            for wakeup in state.wakeups():
+                batch.put(wakeup_key(wakeup), b"")
+            if _has_running_step(state):
+                batch.put(b"x" + key, b"")
+        self._db.write(batch, self._write_options)
+        self._restored.clear()
+        return failures
 
     # -- inbox: commands parked until their run exists or their build is served ---------------
 

@@ -27,7 +27,7 @@ from flowstream.model.events import EventEnvelope
 from flowstream.replay.state import RunState, Wakeup
 from flowstream.stores.base import Clock, EventStore, IndexChanges, utc_now
 
-__all__ = ["RocksDBEventStore"]
+__all__ = ["RocksDBEventStore", "put_append", "wakeup_key"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _OFFSET = 1 << 63
@@ -42,7 +42,8 @@ def _from_micros(raw: bytes) -> datetime:
     return _EPOCH + timedelta(microseconds=int.from_bytes(raw, "big") - _OFFSET)
 
 
-def _wakeup_key(wakeup: Wakeup) -> bytes:
+def wakeup_key(wakeup: Wakeup) -> bytes:
+    """The key of ``wakeup`` in the wakeup index."""
     return (
         b"w"
         + _micros(wakeup.due)
@@ -64,9 +65,9 @@ def put_append(
         batch.put(b"e" + run_key + b"\0" + envelope.sequence.to_bytes(8, "big"), data)
     batch.put(b"r" + run_key, envelopes[-1].sequence.to_bytes(8, "big"))
     for wakeup in changes.removed_wakeups:
-        batch.delete(_wakeup_key(wakeup))
+        batch.delete(wakeup_key(wakeup))
     for wakeup in changes.added_wakeups:
-        batch.put(_wakeup_key(wakeup), b"")
+        batch.put(wakeup_key(wakeup), b"")
     for digest, owner_run, hook_id in changes.claimed_hooks:
         batch.put(b"h" + digest.encode(), f"{owner_run}\0{hook_id}".encode())
 

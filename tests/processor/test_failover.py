@@ -4,6 +4,7 @@ contiguous with no duplicate sequence and that every started run reaches its out
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import time
@@ -13,8 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from flowstream import codec
 from flowstream.client import FlowClient
+from flowstream.errors import RunNotFoundError
+from flowstream.kafka import clients
+from flowstream.model.events import RunStarted
+from flowstream.partitioning import partition_for
 from flowstream.settings import Settings
+from flowstream.topology import EVENTS, load_topology
 from tests.processor.apps import SPEC
 from tests.processor.harness import (
     Load,
@@ -24,6 +31,7 @@ from tests.processor.harness import (
     raw_events,
     step_log,
 )
+from tests.support import envelope
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
@@ -168,6 +176,45 @@ def test_restart_with_deleted_state_rebuilds_from_the_events_topic(cluster: Clus
     records = _check_invariants(cluster, [*done, "waiting"])
     assert sum(1 for r in records if r[0] == done[0] and r[2] == "run_created") == 1
     assert sum(1 for r in records if r[0] == done[0]) == len(cluster.client.history(done[0]))
+
+
+def test_bad_records_on_the_events_topic_are_skipped_by_the_restore(cluster: Cluster) -> None:
+    worker = cluster.start("w1")
+    cluster.client.start("waiting", SPEC, {"signal": True})
+    cluster.client.flush()
+    deadline = time.monotonic() + 60
+    created = False
+    while not created and time.monotonic() < deadline:
+        time.sleep(0.2)
+        with contextlib.suppress(clients.KafkaException, RunNotFoundError):  # not yet
+            created = bool(cluster.client.history("waiting"))
+    assert created, cluster.logs()
+    assert worker.stop() == 0
+    shutil.rmtree(cluster.root / "state" / "w1")
+    # On another partition than the run's (the client's own reader would refuse them).
+    ghost = next(
+        f"ghost-{i}"
+        for i in range(100)
+        if partition_for(f"ghost-{i}", cluster.client.partitions)
+        != partition_for("waiting", cluster.client.partitions)
+    )
+    topic = load_topology().names(cluster.prefix)[EVENTS]
+    producer = clients.new_producer(cluster.bootstrap)
+    for value in (
+        b"not avro",
+        codec.encode_event(envelope(ghost, 1, RunStarted())),
+        codec.encode_event(envelope(ghost, 2, RunStarted())),
+    ):
+        partition = partition_for(ghost, cluster.client.partitions)
+        producer.produce(topic, value, key=ghost.encode(), partition=partition)
+    assert producer.flush(30) == 0
+
+    again = cluster.start("w1-again")
+    cluster.client.signal("waiting", "go-1", "go", {"after": "restore"})
+    cluster.client.flush()
+    result = cluster.client.wait("waiting", timeout=90)
+    assert result.status.value == "completed", cluster.logs()
+    assert again.output().count("skipping record") == 3, again.output()[-3000:]
 
 
 def test_timers_due_during_a_failover_fire_once_after_takeover(cluster: Cluster) -> None:
