@@ -188,6 +188,9 @@ class Processor:
         self._deferred: list[tuple[str, int, bytes, bytes, Any]] = []
         self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowstream-commit")
         self._committing: Future[None] | None = None
+        # The positions sent when the open transaction began, and that call.
+        self._fence: Future[None] | None = None
+        self._fenced: tuple[tuple[str, int, int], ...] = ()
         self._sealed: list[Owned] = []
         self._commit_began = 0.0
         self._txn_began = 0.0
@@ -352,6 +355,9 @@ class Processor:
             self._begin_on_kafka()
 
     def _begin_on_kafka(self) -> None:
+        """Begin the Kafka transaction, and send the positions at once (the fence) from the
+        commit thread: the round trips (and the wait while the coordinator finishes the
+        previous transaction) overlap the decisions instead of delaying the commit."""
         try:
             self.producer.begin_transaction()
         except clients.KafkaException as exc:
@@ -362,6 +368,24 @@ class Processor:
         self._producing = True
         self._delivery_error = None
         self._events_end.clear()
+        offsets = self._positions()
+        self._fenced = _offsets_key(offsets)
+        if offsets:
+            metadata = self.consumer.consumer_group_metadata()
+            self._fence = self._committer.submit(self._send_offsets, offsets, metadata)
+
+    def _positions(self) -> list[Any]:
+        """The consumer position of every command partition of every active partition."""
+        return [
+            clients.TopicPartition(topic, owned.partition, position)
+            for owned in self._owned.values()
+            if not owned.restoring
+            for topic, position in owned.positions.items()
+            if position >= 0
+        ]
+
+    def _send_offsets(self, offsets: list[Any], metadata: Any) -> None:
+        _retrying(lambda: self.producer.send_offsets_to_transaction(offsets, metadata, 30))
 
     def _delivered(self, err: Any, message: Any) -> None:
         if err is not None:
@@ -381,32 +405,25 @@ class Processor:
     def _start_commit(self) -> None:
         """Seal the open transaction and hand its commit to the commit thread.
 
-        1. the positions that moved since the last commit (any one position when none moved:
-           the group coordinator checks the generation of every offset commit, so each
-           transaction is fenced if this member lost its partitions);
+        1. every transaction carries the positions of *every* command partition of every
+           active partition, with the group metadata: the group coordinator refuses them if
+           this member lost its generation (KIP-447), and while they are pending a new owner's
+           offset fetch waits for this transaction to end, so it restores what it wrote. They
+           were sent when the transaction began; they are sent again if they moved since;
         2. each partition's staged RocksDB batch and outbox are sealed with the transaction;
-        3. the commit thread sends the positions with the group metadata read now, and
-           commits (``commit_transaction`` flushes and fails on any undelivered record).
+        3. the commit thread commits (``commit_transaction`` flushes and fails on any
+           undelivered record).
         """
-        active = [o for o in self._owned.values() if not o.restoring]
-        offsets = [
-            clients.TopicPartition(topic, owned.partition, position)
-            for owned in active
-            for topic, position in owned.positions.items()
-            if position >= 0 and position != owned.committed.get(topic)
-        ] or [
-            clients.TopicPartition(topic, owned.partition, position)
-            for owned in active[:1]
-            for topic, position in list(owned.positions.items())[:1]
-            if position >= 0
-        ]
+        offsets = self._positions()
         if not offsets:
             self._abort("no valid consumer positions to gate the transaction")
             return
         if not self._producing:  # everything was deferred behind the previous commit
             self._begin_on_kafka()
             self._flush_deferred()
-        metadata = self.consumer.consumer_group_metadata()
+        moved = _offsets_key(offsets) != self._fenced
+        metadata = self.consumer.consumer_group_metadata() if moved else None
+        active = [o for o in self._owned.values() if not o.restoring]
         for owned in active:
             if owned.store.has_staged:
                 owned.store.seal()
@@ -416,12 +433,21 @@ class Processor:
         self._producing = False
         self._sealed = active
         self._commit_began = time.monotonic()
-        self._committing = self._committer.submit(self._commit_blocking, offsets, metadata)
+        fence, self._fence = self._fence, None
+        self._committing = self._committer.submit(
+            self._commit_blocking, fence, offsets if moved else None, metadata
+        )
         self._committing.add_done_callback(self._wake_loop)
 
-    def _commit_blocking(self, offsets: list[Any], metadata: Any) -> None:
-        """In the commit thread: send the positions, commit, serve the delivery reports."""
-        _retrying(lambda: self.producer.send_offsets_to_transaction(offsets, metadata, 30))
+    def _commit_blocking(
+        self, fence: Future[None] | None, offsets: list[Any] | None, metadata: Any
+    ) -> None:
+        """In the commit thread: check the fence went through, send moved positions, commit,
+        serve the delivery reports."""
+        if fence is not None:
+            fence.result()  # ran before this task (one commit thread); raises what it raised
+        if offsets is not None:
+            self._send_offsets(offsets, metadata)
         _retrying(lambda: self.producer.commit_transaction(30))
         self.producer.poll(0)
         if self._delivery_error is not None:
@@ -468,11 +494,13 @@ class Processor:
     def _abort(self, reason: str, *, commit_failed: bool = False) -> None:
         LOG.warning("aborting transaction: %s", reason)
         self.metrics.aborts.inc()
-        if self._committing is not None:  # cannot abort under a commit in flight
-            with contextlib.suppress(Exception):
-                self._committing.result()
-            self._committing = None
+        for pending in (self._fence, self._committing):  # no abort under a call in flight
+            if pending is not None:
+                with contextlib.suppress(Exception):
+                    pending.result()
+        if self._committing is not None:
             commit_failed = True
+        self._fence = self._committing = None
         if self._producing or commit_failed:
             try:
                 _retrying(lambda: self.producer.abort_transaction(30), attempts=20)
@@ -1137,6 +1165,10 @@ def _retrying(operation: Callable[[], object], *, attempts: int = 10) -> None:
 
 class _Abort(Exception):
     """The open transaction cannot commit and must be aborted."""
+
+
+def _offsets_key(offsets: list[Any]) -> tuple[tuple[str, int, int], ...]:
+    return tuple((tp.topic, tp.partition, tp.offset) for tp in offsets)
 
 
 def _join_inbox(run_id: str, inbox_id: str, raw: bytes) -> bytes:
