@@ -147,8 +147,8 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
                 if r not in follow.ended and follow.partition(r) in victim_parts
             ]
         print(
-            f"SIGKILL w1 (partitions {sorted(victim_parts)}) with {len(in_flight)} of its runs "
-            f"in flight"
+            f"SIGKILL w1 at {_wall()} (partitions {sorted(victim_parts)}) with {len(in_flight)} "
+            f"of its runs in flight"
         )
 
         # Watch the survivor take over: when it owns all 8 partitions again.
@@ -213,6 +213,12 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
         "runs_failed_or_timed_out": len(failures) + len(not_done),
         "survivor_cpu_s": survivor["cpu_s"],
     }
+
+
+def _wall() -> str:
+    """The wall clock to the millisecond, as the workers' log lines print it."""
+    now = time.time()
+    return time.strftime("%H:%M:%S", time.localtime(now)) + f",{int(now % 1 * 1000):03d}"
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

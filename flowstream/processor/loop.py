@@ -422,6 +422,7 @@ class Processor:
         try:
             if not assigned:
                 return
+            LOG.info("assigned partitions %s", sorted({tp.partition for tp in assigned}))
             consumer.assign(assigned)
             consumer.pause(assigned)
             committed = _patiently(lambda: consumer.committed(assigned, timeout=20))
@@ -482,6 +483,7 @@ class Processor:
         self._owned[partition] = owned
 
     def _on_revoke(self, consumer: Any, revoked: list[Any]) -> None:
+        LOG.info("revoked partitions %s", sorted({tp.partition for tp in revoked}))
         try:
             self._commit(start_steps=False)
         except BaseException as exc:
@@ -489,6 +491,7 @@ class Processor:
         self._drop({tp.partition for tp in revoked})
 
     def _on_lost(self, consumer: Any, lost: list[Any]) -> None:
+        LOG.warning("lost partitions %s", sorted({tp.partition for tp in lost}))
         if self._txn_open:
             self._abort("partitions lost")
         self._drop({tp.partition for tp in lost})
@@ -518,6 +521,7 @@ class Processor:
                 return
             owned.restore_target = high
             start = owned.store.events_offset
+            LOG.info("partition %d: restoring events %d..%d", owned.partition, start, high)
             self.restorer.assign([clients.TopicPartition(events, owned.partition, start)])
             owned.events_end = start
         position = owned.events_end or 0
@@ -568,7 +572,9 @@ class Processor:
     async def _activate(self, owned: Owned) -> None:
         """Restored: resume the command partitions, re-run unsettled steps, retry the inbox."""
         owned.restoring = False
-        self.metrics.restore_seconds.observe(time.monotonic() - owned.restore_began)
+        took = time.monotonic() - owned.restore_began
+        self.metrics.restore_seconds.observe(took)
+        LOG.info("partition %d: restored in %.3f s", owned.partition, took)
         self.consumer.resume(
             [clients.TopicPartition(topic, owned.partition) for topic in self.command_topics]
         )
