@@ -175,6 +175,8 @@ class Processor:
         self._txn_commands = 0
         self._delivery_error: Any = None
         self._events_end: dict[int, int] = {}
+        # The partitions the restorer fetches now, with the ``Owned`` each restores.
+        self._restoring: dict[int, Owned] = {}
         self._fatal: BaseException | None = None
         self._next_timer_scan = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -506,38 +508,69 @@ class Processor:
     # -- restore --------------------------------------------------------------------------
 
     async def _restore_slice(self) -> None:
-        owned = next((o for o in self._owned.values() if o.restoring), None)
-        if owned is None:  # a rebalance during the poll took the partitions away
-            return
+        """One bounded step of restoring every partition that waits for it, all at once.
+
+        Each newly assigned partition gets its target (the events partition's true high
+        watermark); the restorer then fetches every restoring partition in parallel, so a
+        takeover of several partitions costs the longest restore, not their sum, and a partition
+        that has little to catch up is served as soon as it has it.
+        """
+        restoring = [o for o in self._owned.values() if o.restoring]
         events = self.topics[EVENTS]
-        tp = clients.TopicPartition(events, owned.partition)
-        if owned.restore_target is None:
-            try:
-                _, high = self.watermarks.get_watermark_offsets(tp, timeout=10, cached=False)
-            except clients.KafkaException as exc:
-                if exc.args[0].fatal():
-                    raise
-                LOG.warning("partition %d: no high watermark yet (%s); retrying", tp.partition, exc)
-                return
-            owned.restore_target = high
-            start = owned.store.events_offset
-            LOG.info("partition %d: restoring events %d..%d", owned.partition, start, high)
-            self.restorer.assign([clients.TopicPartition(events, owned.partition, start)])
-            owned.events_end = start
-        position = owned.events_end or 0
-        if position < owned.restore_target:
-            messages = self.restorer.consume(num_messages=2000, timeout=0.05)
-            for message in messages:
-                if message.error() is not None:
+        for owned in restoring:
+            if owned.restore_target is None:
+                tp = clients.TopicPartition(events, owned.partition)
+                try:
+                    _, high = self.watermarks.get_watermark_offsets(tp, timeout=10, cached=False)
+                except clients.KafkaException as exc:
+                    if exc.args[0].fatal():
+                        raise
+                    LOG.warning(
+                        "partition %d: no high watermark yet (%s); retrying", owned.partition, exc
+                    )
                     continue
-                self._restore_record(owned, message)
-                position = int(message.offset() or 0) + 1
-            reported = self.restorer.position([tp])[0].offset
-            position = max(position, reported)
-            owned.events_end = position
-            owned.store.commit_local(position)
-        if position >= owned.restore_target:
-            await self._activate(owned)
+                owned.restore_target = high
+                owned.events_end = owned.store.events_offset
+                LOG.info(
+                    "partition %d: restoring events %d..%d", owned.partition, owned.events_end, high
+                )
+        ready = [o for o in restoring if o.restore_target is not None]
+        for owned in ready:
+            if (owned.events_end or 0) >= (owned.restore_target or 0):
+                await self._activate(owned)
+        fetching = {o.partition: o for o in ready if o.restoring}
+        if fetching != self._restoring:
+            # A partition joined, finished or went away: fetch the others from where they are.
+            self._restoring = fetching
+            self.restorer.assign(
+                [
+                    clients.TopicPartition(events, partition, owned.events_end or 0)
+                    for partition, owned in fetching.items()
+                ]
+            )
+        if not fetching:
+            return
+        first = self.restorer.poll(0.02)
+        messages = [] if first is None else [first, *self.restorer.consume(499, timeout=0)]
+        for message in messages:
+            if message.error() is not None:
+                continue
+            owned = fetching.get(message.partition())
+            offset = int(message.offset() or 0)
+            if owned is None or offset < (owned.events_end or 0):
+                continue  # fetched for an assignment that has changed since
+            self._restore_record(owned, message)
+            owned.events_end = offset + 1
+        # The position passes transaction markers and aborted records, which consume() skips.
+        for tp in self.restorer.position(
+            [clients.TopicPartition(events, partition) for partition in fetching]
+        ):
+            owned = fetching[tp.partition]
+            owned.events_end = max(owned.events_end or 0, tp.offset)
+            if owned.store.has_staged or owned.events_end != owned.store.events_offset:
+                owned.store.commit_local(owned.events_end)
+            if owned.events_end >= (owned.restore_target or 0):
+                await self._activate(owned)
 
     def _restore_record(self, owned: Owned, message: Any) -> None:
         """Apply one record of the events partition; a record that is not a valid event of its
