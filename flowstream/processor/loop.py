@@ -178,6 +178,8 @@ class Processor:
         # The partitions the restorer fetches now, with the ``Owned`` each restores.
         self._restoring: dict[int, Owned] = {}
         self._fatal: BaseException | None = None
+        self._resets: list[float] = []
+        self._producers = 0
         self._next_timer_scan = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self.ready = asyncio.Event()
@@ -187,25 +189,18 @@ class Processor:
     def _connect(self) -> None:
         s = self.settings
         admin = clients.new_admin(s.bootstrap)
-        self._verify_topics(admin)
-        self.producer = clients.new_transactional_producer(
-            s.bootstrap,
-            f"{s.group}-{s.instance_id}",
-            {
-                "transaction.timeout.ms": s.transaction_timeout_ms,
-                "message.max.bytes": 4 * 1024 * 1024,
-                "linger.ms": 1,
-                "on_delivery": self._delivered,
-            },
-        )
-        self.producer.init_transactions(30)
+        brokers = self._verify_topics(admin)
+        session_ms = self._session_timeout_ms(admin, brokers)
+        self.producer = self._new_producer()
         self.consumer = clients.new_consumer(
             s.bootstrap,
             s.group,
             {
-                "session.timeout.ms": s.session_timeout_ms,
+                "session.timeout.ms": session_ms,
                 "max.poll.interval.ms": s.max_poll_interval_ms,
-                "heartbeat.interval.ms": max(500, s.session_timeout_ms // 5),
+                # A third of the session: a member misses two heartbeats before it is expired,
+                # and a survivor hears of a rebalance within a third of the session.
+                "heartbeat.interval.ms": max(100, session_ms // 3),
             },
         )
         self.restorer = clients.new_consumer(s.bootstrap, f"{s.group}-restore-unused")
@@ -219,7 +214,56 @@ class Processor:
             on_lost=self._on_lost,
         )
 
-    def _verify_topics(self, admin: Any) -> None:
+    def _new_producer(self) -> Any:
+        """The transactional producer of this instance, initialised: any transaction an earlier
+        producer of the same ``transactional.id`` left open is aborted first."""
+        s = self.settings
+        self._producers += 1
+        generation = self._producers
+
+        def delivered(err: Any, message: Any) -> None:
+            if generation == self._producers:  # not a report of a producer replaced since
+                self._delivered(err, message)
+
+        producer = clients.new_transactional_producer(
+            s.bootstrap,
+            f"{s.group}-{s.instance_id}",
+            {
+                "transaction.timeout.ms": s.transaction_timeout_ms,
+                "message.max.bytes": 4 * 1024 * 1024,
+                "linger.ms": 1,
+                "on_delivery": delivered,
+            },
+        )
+        _retrying(lambda: producer.init_transactions(30))
+        return producer
+
+    def _session_timeout_ms(self, admin: Any, brokers: list[int]) -> int:
+        """The configured session timeout, raised to the brokers' floor
+        (``group.min.session.timeout.ms``, 6 s unless lowered) instead of failing to join."""
+        wanted = self.settings.session_timeout_ms
+        if not brokers:
+            return wanted
+        resource = clients.ConfigResource(clients.ResourceType.BROKER, str(min(brokers)))
+        try:
+            found = admin.describe_configs([resource], request_timeout=10)[resource].result(15)
+            floor = int(found["group.min.session.timeout.ms"].value)
+        except (clients.KafkaException, KeyError, TypeError, ValueError) as exc:
+            LOG.info("no group.min.session.timeout.ms (%s); asking for %d ms", exc, wanted)
+            return wanted
+        if wanted < floor:
+            LOG.warning(
+                "session timeout %d ms is below the brokers' group.min.session.timeout.ms=%d: "
+                "using %d ms (lower the brokers' floor for a faster failover)",
+                wanted,
+                floor,
+                floor,
+            )
+            return floor
+        return wanted
+
+    def _verify_topics(self, admin: Any) -> list[int]:
+        """Check the topics against the topology; the ids of the brokers."""
         metadata = admin.list_topics(timeout=15)
         counts = {name: len(t.partitions) for name, t in metadata.topics.items()}
         problems = []
@@ -234,6 +278,7 @@ class Processor:
             raise TopologyError(
                 "; ".join(problems) + " (run `flowstream topics apply` with this prefix)"
             )
+        return [int(broker) for broker in metadata.brokers]
 
     async def run(self, stop: asyncio.Event) -> None:
         """Process until ``stop`` is set; commits what is open and leaves the group cleanly."""
@@ -305,28 +350,33 @@ class Processor:
 
     def _begin(self) -> None:
         if not self._txn_open:
+            self._delivery_error = None
             try:
-                self.producer.begin_transaction()
+                try:
+                    self.producer.begin_transaction()
+                except clients.KafkaException as exc:
+                    if exc.args[0].fatal():
+                        raise
+                    _retrying(lambda: self.producer.abort_transaction(30), attempts=20)
+                    self.producer.begin_transaction()
             except clients.KafkaException as exc:
-                if exc.args[0].fatal():
-                    raise
-                _retrying(lambda: self.producer.abort_transaction(30), attempts=20)
-                self.producer.begin_transaction()
+                # Fenced (fatal): the work goes on into a transaction that cannot commit, and
+                # the commit replaces the producer. (Callers are in the middle of a decision.)
+                self._delivery_error = exc.args[0]
             self._txn_open = True
             self._txn_began = time.monotonic()
             self._txn_commands = 0
-            self._delivery_error = None
             self._events_end.clear()
 
     def _delivered(self, err: Any, message: Any) -> None:
         if err is not None:
-            self._delivery_error = err
+            self._delivery_error = self._delivery_error or err
         elif message.topic() == self.topics[EVENTS]:
             end = message.offset() + 1
             partition = message.partition()
             self._events_end[partition] = max(self._events_end.get(partition, 0), end)
 
-    def _commit(self, *, start_steps: bool = True) -> None:
+    def _commit(self, *, start_steps: bool = True, retake: bool = True) -> None:
         """Commit the open transaction (checkpoint steps in order), or abort it.
 
         1. flush the producer: every event and command of the transaction is acknowledged;
@@ -347,6 +397,8 @@ class Processor:
             if position >= 0
         ]
         try:
+            if self._delivery_error is not None:
+                raise _Abort(f"the transaction cannot commit: {self._delivery_error}")
             if not offsets:
                 raise _Abort("no valid consumer positions to gate the transaction")
             _retrying(
@@ -362,9 +414,7 @@ class Processor:
             if self._delivery_error is not None:
                 raise _Abort(f"delivery failed: {self._delivery_error}")
         except (clients.KafkaException, _Abort) as exc:
-            if isinstance(exc, clients.KafkaException) and exc.args[0].fatal():
-                raise
-            self._abort(str(exc))
+            self._abort(str(exc), retake=retake)
             return
         self._txn_open = False
         for owned in active:
@@ -380,18 +430,24 @@ class Processor:
             owned.outbox.clear()
         self.metrics.transaction_seconds.observe(time.monotonic() - began)
 
-    def _abort(self, reason: str) -> None:
+    def _abort(self, reason: str, *, retake: bool = True) -> None:
         LOG.warning("aborting transaction: %s", reason)
         self.metrics.aborts.inc()
+        fenced = None
         try:
             _retrying(lambda: self.producer.abort_transaction(30), attempts=20)
         except clients.KafkaException as exc:
             if exc.args[0].fatal():
-                raise
-            # The coordinator is unreachable for now; librdkafka keeps the producer in the
-            # abort-required state, so the next begin fails until an abort goes through.
-            LOG.error("abort did not complete: %s", exc)
+                fenced = exc
+            else:
+                # The coordinator is unreachable for now; librdkafka keeps the producer in the
+                # abort-required state, so the next begin fails until an abort goes through.
+                LOG.error("abort did not complete: %s", exc)
         self._txn_open = False
+        self._delivery_error = None
+        if fenced is not None:
+            self._reset_producer(fenced, retake=retake)
+            return
         for owned in self._owned.values():
             owned.store.discard()
             owned.outbox.clear()
@@ -405,6 +461,36 @@ class Processor:
                                 clients.TopicPartition(topic, owned.partition, position)
                             )
 
+    def _reset_producer(self, error: clients.KafkaException, *, retake: bool) -> None:
+        """Replace a fenced producer and restore the owned partitions from the events topic.
+
+        A fatal producer error means this ``transactional.id`` got a newer epoch: the coordinator
+        aborted a transaction that outlived ``transaction.timeout.ms`` (a stalled process, a slow
+        broker), or another process runs with this instance id. The open transaction is lost
+        (aborted by the coordinator); the group membership is not. A new producer (which
+        fences the other holder of the id, if any) takes over, and every owned partition is
+        taken again as on an assignment: its consumer positions are read back from the group and
+        its store catches up with the events topic, which holds whatever really committed.
+        Resets that repeat (``_MAX_RESETS`` within ``_RESET_WINDOW_S``) mean two processes fence
+        each other: the error is raised.
+        """
+        now = time.monotonic()
+        self._resets = [t for t in self._resets if now - t < _RESET_WINDOW_S] + [now]
+        if len(self._resets) > _MAX_RESETS:
+            raise error
+        LOG.error("the producer is fenced (%s); replacing it", error)
+        self.metrics.producer_resets.inc()
+        old = self.producer
+        with contextlib.suppress(Exception):
+            old.purge()
+        self._txn_open = False
+        self._delivery_error = None
+        self.producer = self._new_producer()
+        taken = self.consumer.assignment() if retake else []
+        self._drop(set(self._owned))
+        if taken:
+            self._take(taken, seek=True)
+
     def _produce(
         self, topic: str, partition: int, key: str, value: bytes, headers: Any = None
     ) -> None:
@@ -417,6 +503,10 @@ class Processor:
                 return
             except BufferError:
                 self.producer.poll(0.05)
+            except clients.KafkaException as exc:
+                # The producer is fenced or the transaction must abort: the commit aborts it.
+                self._delivery_error = self._delivery_error or exc.args[0]
+                return
 
     # -- rebalance ------------------------------------------------------------------------
 
@@ -426,30 +516,38 @@ class Processor:
                 return
             LOG.info("assigned partitions %s", sorted({tp.partition for tp in assigned}))
             consumer.assign(assigned)
-            consumer.pause(assigned)
-            committed = _patiently(lambda: consumer.committed(assigned, timeout=20))
-            by_partition: dict[int, dict[str, int]] = {}
-            for tp in committed:
-                position = tp.offset
-                if position < 0:
-                    where = clients.TopicPartition(tp.topic, tp.partition)
-                    low, _ = _patiently(
-                        functools.partial(self.watermarks.get_watermark_offsets, where, timeout=10)
-                    )
-                    position = low
-                by_partition.setdefault(tp.partition, {})[tp.topic] = position
-            for partition in list(self._held_results):
-                if partition not in by_partition:
-                    del self._held_results[partition]
-            for partition, positions in by_partition.items():
-                if set(positions) != set(self.command_topics):
-                    raise TopologyError(
-                        f"partition {partition} was assigned for only some command topics; "
-                        "use the range assignor with equal partition counts"
-                    )
-                self._own(partition, positions)
+            self._take(assigned)
         except BaseException as exc:  # surfaced by the loop; callbacks must not raise
             self._fatal = exc
+
+    def _take(self, assigned: list[Any], *, seek: bool = False) -> None:
+        """Own the partitions of ``assigned`` from their committed positions: paused until
+        restored; ``seek`` moves the consumer back there (when taking them again)."""
+        consumer = self.consumer
+        consumer.pause(assigned)
+        committed = _patiently(lambda: consumer.committed(assigned, timeout=20))
+        by_partition: dict[int, dict[str, int]] = {}
+        for tp in committed:
+            position = tp.offset
+            if position < 0:
+                where = clients.TopicPartition(tp.topic, tp.partition)
+                low, _ = _patiently(
+                    functools.partial(self.watermarks.get_watermark_offsets, where, timeout=10)
+                )
+                position = low
+            by_partition.setdefault(tp.partition, {})[tp.topic] = position
+            if seek:
+                consumer.seek(clients.TopicPartition(tp.topic, tp.partition, position))
+        for partition in list(self._held_results):
+            if partition not in by_partition:
+                del self._held_results[partition]
+        for partition, positions in by_partition.items():
+            if set(positions) != set(self.command_topics):
+                raise TopologyError(
+                    f"partition {partition} was assigned for only some command topics; "
+                    "use the range assignor with equal partition counts"
+                )
+            self._own(partition, positions)
 
     def _own(self, partition: int, positions: dict[str, int]) -> None:
         path = self.state_dir / f"p{partition:04d}"
@@ -487,15 +585,18 @@ class Processor:
     def _on_revoke(self, consumer: Any, revoked: list[Any]) -> None:
         LOG.info("revoked partitions %s", sorted({tp.partition for tp in revoked}))
         try:
-            self._commit(start_steps=False)
+            self._commit(start_steps=False, retake=False)
         except BaseException as exc:
             self._fatal = exc
         self._drop({tp.partition for tp in revoked})
 
     def _on_lost(self, consumer: Any, lost: list[Any]) -> None:
         LOG.warning("lost partitions %s", sorted({tp.partition for tp in lost}))
-        if self._txn_open:
-            self._abort("partitions lost")
+        try:
+            if self._txn_open:
+                self._abort("partitions lost", retake=False)
+        except BaseException as exc:
+            self._fatal = exc
         self._drop({tp.partition for tp in lost})
 
     def _drop(self, partitions: set[int]) -> None:
@@ -555,12 +656,12 @@ class Processor:
         for message in messages:
             if message.error() is not None:
                 continue
-            owned = fetching.get(message.partition())
+            target = fetching.get(int(message.partition() or 0))
             offset = int(message.offset() or 0)
-            if owned is None or offset < (owned.events_end or 0):
+            if target is None or offset < (target.events_end or 0):
                 continue  # fetched for an assignment that has changed since
-            self._restore_record(owned, message)
-            owned.events_end = offset + 1
+            self._restore_record(target, message)
+            target.events_end = offset + 1
         # The position passes transaction markers and aborted records, which consume() skips.
         for tp in self.restorer.position(
             [clients.TopicPartition(events, partition) for partition in fetching]
@@ -1034,6 +1135,11 @@ def _retrying(operation: Callable[[], object], *, attempts: int = 10) -> None:
             if not error.retriable() or attempt == attempts - 1:
                 raise
             time.sleep(min(0.05 * 2**attempt, 1.0))
+
+
+#: More producer resets than this within the window mean another process has this instance id.
+_MAX_RESETS = 10
+_RESET_WINDOW_S = 60.0
 
 
 class _Abort(Exception):
