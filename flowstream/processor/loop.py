@@ -83,6 +83,8 @@ LOG = logging.getLogger("flowstream.processor")
 RECORD_HEADER = "flowstream-record"
 #: Timers are looked for at most this often (their precision; the index scan is not free).
 _TIMER_SCAN_INTERVAL_S = 0.02
+#: A partition at most this many records behind its restore target is fetched before the others.
+_NEAR_RESTORED = 100
 #: Header of an inbox record: why the command waits (run missing, build not served).
 REASON_HEADER = "flowstream-reason"
 #: Header naming the processor instance that wrote an event (for audits and failure tests).
@@ -203,7 +205,11 @@ class Processor:
                 "heartbeat.interval.ms": max(100, session_ms // 3),
             },
         )
-        self.restorer = clients.new_consumer(s.bootstrap, f"{s.group}-restore-unused")
+        # The restorer reads partitions to their end: a fetch that finds nothing new (a
+        # partition a transaction marker behind) returns at once rather than after 500 ms.
+        self.restorer = clients.new_consumer(
+            s.bootstrap, f"{s.group}-restore-unused", {"fetch.wait.max.ms": 10}
+        )
         self.watermarks = clients.new_consumer(
             s.bootstrap, f"{s.group}-watermarks-unused", {"isolation.level": "read_uncommitted"}
         )
@@ -640,6 +646,14 @@ class Processor:
             if (owned.events_end or 0) >= (owned.restore_target or 0):
                 await self._activate(owned)
         fetching = {o.partition: o for o in ready if o.restoring}
+        # Partitions nearly caught up (typically this member's own, a transaction marker behind)
+        # first: in one fetch with long restores they would wait behind those records.
+        near = {
+            p: o
+            for p, o in fetching.items()
+            if (o.restore_target or 0) - (o.events_end or 0) <= _NEAR_RESTORED
+        }
+        fetching = near or fetching
         if fetching != self._restoring:
             # A partition joined, finished or went away: fetch the others from where they are.
             self._restoring = fetching
