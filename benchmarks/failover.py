@@ -9,9 +9,12 @@ kill, the time until its first event written by another processor is its failove
 figure is the worst of them. Runs started after the kill on those partitions are reported too
 (start → first event), and every run must finish.
 
-Run with the workers' default settings, or e.g. ``--set SESSION_TIMEOUT_MS=3000
---set TRANSACTION_TIMEOUT_MS=3000`` (liveness, not durability: the broker still fences the dead
-member's transaction before anyone reads past it).
+Run with the workers' default settings (2 s session and transaction timeouts), or e.g. ``--set
+SESSION_TIMEOUT_MS=3000 --set TRANSACTION_TIMEOUT_MS=3000`` (liveness, not durability: the broker
+still fences the dead member's transaction before anyone reads past it). The broker's
+``group.min.session.timeout.ms`` and timed-out-transaction check interval bound the figure too
+(docs/architecture.md, "Failover"); ``FLOWSTREAM_BENCH_LOG_LEVEL=INFO`` makes the workers log
+assignments and restores with millisecond times, to set beside the kill's.
 
 Usage: ``python -m benchmarks.failover [--rate 100] [--warm 5]``
 """
