@@ -40,7 +40,7 @@ class Settings(FrozenModel):
     #: Transactions commit every few ms; one that outlives this costs a new producer.
     transaction_timeout_ms: int = Field(default=2_000, ge=1000)
     #: A processor that sent no heartbeat for this long loses its partitions (heartbeats every
-    #: third of it). Raised to the brokers' ``group.min.session.timeout.ms`` if below.
+    #: fifth of it). Raised to the brokers' ``group.min.session.timeout.ms`` if below.
     session_timeout_ms: int = Field(default=2_000, ge=1000)
     max_poll_interval_ms: int = Field(default=60_000, ge=1000)
     #: A fired timer not applied within this many ms is fired again.

@@ -83,6 +83,8 @@ LOG = logging.getLogger("flowstream.processor")
 RECORD_HEADER = "flowstream-record"
 #: Timers are looked for at most this often (their precision; the index scan is not free).
 _TIMER_SCAN_INTERVAL_S = 0.02
+#: A restore target (high watermark) that could not be read is asked for again after this long.
+_TARGET_RETRY_S = 0.5
 #: A partition at most this many records behind its restore target is fetched before the others.
 _NEAR_RESTORED = 100
 #: Header of an inbox record: why the command waits (run missing, build not served).
@@ -181,6 +183,7 @@ class Processor:
         self._restoring: dict[int, Owned] = {}
         self._fatal: BaseException | None = None
         self._resets: list[float] = []
+        self._targets_retry_at = 0.0
         self._producers = 0
         self._next_timer_scan = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -200,9 +203,10 @@ class Processor:
             {
                 "session.timeout.ms": session_ms,
                 "max.poll.interval.ms": s.max_poll_interval_ms,
-                # A third of the session: a member misses two heartbeats before it is expired,
-                # and a survivor hears of a rebalance within a third of the session.
-                "heartbeat.interval.ms": max(100, session_ms // 3),
+                # A fifth of the session: a member misses four heartbeats before it is expired
+                # (a coordinator moving costs some), and a survivor hears of a rebalance within
+                # a fifth of the session.
+                "heartbeat.interval.ms": max(100, session_ms // 5),
             },
         )
         # The restorer reads partitions to their end: a fetch that finds nothing new (a
@@ -210,14 +214,19 @@ class Processor:
         self.restorer = clients.new_consumer(
             s.bootstrap, f"{s.group}-restore-unused", {"fetch.wait.max.ms": 10}
         )
-        self.watermarks = clients.new_consumer(
-            s.bootstrap, f"{s.group}-watermarks-unused", {"isolation.level": "read_uncommitted"}
-        )
+        self.watermarks = self._new_watermarks()
         self.consumer.subscribe(
             self.command_topics,
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
+        )
+
+    def _new_watermarks(self) -> Any:
+        """The client that reads the events partitions' true high watermarks."""
+        s = self.settings
+        return clients.new_consumer(
+            s.bootstrap, f"{s.group}-watermarks-unused", {"isolation.level": "read_uncommitted"}
         )
 
     def _new_producer(self) -> Any:
@@ -622,20 +631,32 @@ class Processor:
         takeover of several partitions costs the longest restore, not their sum, and a partition
         that has little to catch up is served as soon as it has it.
         """
-        restoring = [o for o in self._owned.values() if o.restoring]
         events = self.topics[EVENTS]
+        if self._txn_open and any(
+            o.restoring and o.restore_target is None for o in self._owned.values()
+        ):
+            # Asking for targets can wait on a broker (a leader moving): no transaction of the
+            # active partitions waits with it, where it could outlive its timeout.
+            self._commit()
+        restoring = [o for o in self._owned.values() if o.restoring]
         for owned in restoring:
-            if owned.restore_target is None:
+            if owned.restore_target is None and time.monotonic() >= self._targets_retry_at:
                 tp = clients.TopicPartition(events, owned.partition)
                 try:
-                    _, high = self.watermarks.get_watermark_offsets(tp, timeout=10, cached=False)
+                    _, high = self.watermarks.get_watermark_offsets(tp, timeout=5, cached=False)
                 except clients.KafkaException as exc:
                     if exc.args[0].fatal():
                         raise
                     LOG.warning(
                         "partition %d: no high watermark yet (%s); retrying", owned.partition, exc
                     )
-                    continue
+                    # Its view of the partition may be stale (a leader moved while a broker was
+                    # down, the partition unknown since): ask again soon with a fresh client.
+                    with contextlib.suppress(Exception):
+                        self.watermarks.close()
+                    self.watermarks = self._new_watermarks()
+                    self._targets_retry_at = time.monotonic() + _TARGET_RETRY_S
+                    break  # the others next time: the loop goes on meanwhile
                 owned.restore_target = high
                 owned.events_end = owned.store.events_offset
                 LOG.info(
