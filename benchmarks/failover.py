@@ -9,9 +9,12 @@ kill, the time until its first event written by another processor is its failove
 figure is the worst of them. Runs started after the kill on those partitions are reported too
 (start → first event), and every run must finish.
 
-Run with the workers' default settings, or e.g. ``--set SESSION_TIMEOUT_MS=3000
---set TRANSACTION_TIMEOUT_MS=3000`` (liveness, not durability: the broker still fences the dead
-member's transaction before anyone reads past it).
+Run with the workers' default settings (2 s session and transaction timeouts), or e.g. ``--set
+SESSION_TIMEOUT_MS=3000 --set TRANSACTION_TIMEOUT_MS=3000`` (liveness, not durability: the broker
+still fences the dead member's transaction before anyone reads past it). The broker's
+``group.min.session.timeout.ms`` and timed-out-transaction check interval bound the figure too
+(docs/architecture.md, "Failover"); ``FLOWSTREAM_BENCH_LOG_LEVEL=INFO`` makes the workers log
+assignments and restores with millisecond times, to set beside the kill's.
 
 Usage: ``python -m benchmarks.failover [--rate 100] [--warm 5]``
 """
@@ -147,8 +150,8 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
                 if r not in follow.ended and follow.partition(r) in victim_parts
             ]
         print(
-            f"SIGKILL w1 (partitions {sorted(victim_parts)}) with {len(in_flight)} of its runs "
-            f"in flight"
+            f"SIGKILL w1 at {_wall()} (partitions {sorted(victim_parts)}) with {len(in_flight)} "
+            f"of its runs in flight"
         )
 
         # Watch the survivor take over: when it owns all 8 partitions again.
@@ -213,6 +216,12 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
         "runs_failed_or_timed_out": len(failures) + len(not_done),
         "survivor_cpu_s": survivor["cpu_s"],
     }
+
+
+def _wall() -> str:
+    """The wall clock to the millisecond, as the workers' log lines print it."""
+    now = time.time()
+    return time.strftime("%H:%M:%S", time.localtime(now)) + f",{int(now % 1 * 1000):03d}"
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -2,9 +2,9 @@
 process resources (the peers' ``procstat.py`` approach) and a note of the machine's state.
 
 The broker is our own (``flowstream dev-kafka`` on port 19392, home
-``~/.cache/flowstream/bench-kafka``; ``FLOWSTREAM_BENCH_PORT`` and ``FLOWSTREAM_BENCH_HOME``
-pick another); ``ensure_broker`` starts it when it is down and ``stop_broker`` stops it only
-when this process started it.
+``~/.cache/flowstream/bench-kafka``; ``FLOWSTREAM_BENCH_PORT`` and ``FLOWSTREAM_BENCH_HOME`` pick
+another); ``ensure_broker`` starts it when it is down and ``stop_broker`` stops it only when this
+process started it.
 """
 
 from __future__ import annotations
@@ -34,12 +34,10 @@ from flowstream.settings import Settings
 from flowstream.topology import EVENTS, load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
-# Another bench broker (a second engineer on the same machine): FLOWSTREAM_BENCH_PORT and
-# FLOWSTREAM_BENCH_HOME.
 BENCH_PORT = int(os.environ.get("FLOWSTREAM_BENCH_PORT", "19392"))
 BENCH_HOME = Path(
     os.environ.get("FLOWSTREAM_BENCH_HOME", Path.home() / ".cache" / "flowstream" / "bench-kafka")
-)
+).expanduser()
 BOOTSTRAP = f"127.0.0.1:{BENCH_PORT}"
 TERMINAL = {
     "run_completed",
@@ -142,7 +140,7 @@ class Worker:
             "--metrics-port",
             str(self.metrics_port),
             "--log-level",
-            "WARNING",
+            os.environ.get("FLOWSTREAM_BENCH_LOG_LEVEL", "WARNING"),
         ]
         full_env = dict(os.environ)
         full_env.update(env or {})

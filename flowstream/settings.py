@@ -37,8 +37,13 @@ class Settings(FrozenModel):
     step_concurrency: int = Field(default=64, ge=1)
     #: Run synchronous step handlers on the loop thread (fast, blocks decisions while running).
     inline_sync_steps: bool = False
-    transaction_timeout_ms: int = Field(default=10_000, ge=1000)
-    session_timeout_ms: int = Field(default=10_000, ge=1000)
+    #: The coordinator aborts a transaction open longer than this, and so a dead processor's
+    #: (whose open transaction holds back what the next owner may read) soon after its death.
+    #: Transactions commit every few ms; one that outlives this costs a new producer.
+    transaction_timeout_ms: int = Field(default=2_000, ge=1000)
+    #: A processor that sent no heartbeat for this long loses its partitions (heartbeats every
+    #: fifth of it). Raised to the brokers' ``group.min.session.timeout.ms`` if below.
+    session_timeout_ms: int = Field(default=2_000, ge=1000)
     max_poll_interval_ms: int = Field(default=60_000, ge=1000)
     #: A fired timer not applied within this many ms is fired again.
     timer_refire_ms: int = Field(default=30_000, ge=100)

@@ -4,7 +4,8 @@
   with :mod:`flowstream.devkafka` under ``~/.cache/flowstream/test-broker`` on port 19092, stopped
   at the end of the session only if this session started it.
 * ``kafka3_cluster`` (session, lazy): a three-node cluster of this session alone (ports 29092-29094,
-  or the next free group), for tests marked ``kafka3`` that kill and restart brokers.
+  or the next free group; ``$FLOWSTREAM_TEST_KAFKA3_PORT`` moves the first), for tests marked
+  ``kafka3`` that kill and restart brokers.
 * ``unique_prefix`` / ``unique_name`` / ``make_topic``: per-test topic and group names.
 * With ``FLOWSTREAM_REQUIRE_KAFKA=1``, a session in which any test marked ``kafka`` or ``kafka3``
   was skipped or deselected exits non-zero and says which.
@@ -28,6 +29,7 @@ from flowstream.devkafka.process import port_is_free
 from flowstream.kafka import clients
 
 KAFKA_ENV = "FLOWSTREAM_TEST_KAFKA"
+KAFKA3_PORT_ENV = "FLOWSTREAM_TEST_KAFKA3_PORT"
 REQUIRE_ENV = "FLOWSTREAM_REQUIRE_KAFKA"
 KAFKA_MARKERS = ("kafka", "kafka3")
 TEST_BROKER_PORT = 19092
@@ -99,7 +101,8 @@ def kafka3_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster
     another's test.
     """
     home = tmp_path_factory.mktemp("kafka3")
-    with _running(Cluster(home, brokers=3, port=_free_cluster_base()), "") as cluster:
+    base = _free_cluster_base(int(os.environ.get(KAFKA3_PORT_ENV, DEFAULT_PORT_3)))
+    with _running(Cluster(home, brokers=3, port=base), "") as cluster:
         yield cluster
 
 

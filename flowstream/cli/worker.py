@@ -95,8 +95,8 @@ def _worker(args: argparse.Namespace) -> int:
         fenced = getattr(error, "code", lambda: None)() == KafkaError._FENCED
         if fenced:
             print(
-                "error: this processor was fenced (a newer owner or a transaction timeout took "
-                "over its partitions); restart it to rejoin the group",
+                "error: this processor's producer was fenced again and again: does another "
+                "process run with its instance id? Give each processor its own --instance-id",
                 file=sys.stderr,
             )
         else:

@@ -58,8 +58,13 @@ def server_properties(node: NodeSpec, nodes: Sequence[NodeSpec], data_dir: Path)
         ("share.coordinator.state.topic.replication.factor", replicas),
         ("share.coordinator.state.topic.min.isr", min_isr),
         ("group.initial.rebalance.delay.ms", 0),
-        # Tests abort timed-out transactions within seconds instead of ten.
-        ("transaction.abort.timed.out.transaction.cleanup.interval.ms", 1000),
+        # Failover (docs/architecture.md, "Failover"): processors may use session timeouts down to
+        # 1 s (the default floor is 6 s), and the coordinator looks for timed-out transactions
+        # every 500 ms (default 10 s), so a dead processor's open transaction, which holds back
+        # the last stable offset of every partition it wrote to, is aborted soon after its
+        # transaction.timeout.ms.
+        ("group.min.session.timeout.ms", 1000),
+        ("transaction.abort.timed.out.transaction.cleanup.interval.ms", 500),
         # A killed node is fenced after 6 s rather than 9 s.
         ("broker.session.timeout.ms", 6000),
     ]

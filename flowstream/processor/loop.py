@@ -88,6 +88,10 @@ RECORD_HEADER = "flowstream-record"
 _TIMER_SCAN_INTERVAL_S = 0.02
 #: While steps run, the loop waits this long at most for an outcome before polling again.
 _STEP_WAIT_S = 0.002
+#: A restore target (high watermark) that could not be read is asked for again after this long.
+_TARGET_RETRY_S = 0.5
+#: A partition at most this many records behind its restore target is fetched before the others.
+_NEAR_RESTORED = 100
 #: Header of an inbox record: why the command waits (run missing, build not served).
 REASON_HEADER = "flowstream-reason"
 #: Header naming the processor instance that wrote an event (for audits and failure tests).
@@ -197,7 +201,12 @@ class Processor:
         self._txn_commands = 0
         self._delivery_error: Any = None
         self._events_end: dict[int, int] = {}
+        # The partitions the restorer fetches now, with the ``Owned`` each restores.
+        self._restoring: dict[int, Owned] = {}
         self._fatal: BaseException | None = None
+        self._resets: list[float] = []
+        self._targets_retry_at = 0.0
+        self._producers = 0
         self._next_timer_scan = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self.ready = asyncio.Event()
@@ -207,31 +216,27 @@ class Processor:
     def _connect(self) -> None:
         s = self.settings
         admin = clients.new_admin(s.bootstrap)
-        self._verify_topics(admin)
-        self.producer = clients.new_transactional_producer(
-            s.bootstrap,
-            f"{s.group}-{s.instance_id}",
-            {
-                "transaction.timeout.ms": s.transaction_timeout_ms,
-                "message.max.bytes": 4 * 1024 * 1024,
-                "linger.ms": 1,
-                "on_delivery": self._delivered,
-            },
-        )
-        self.producer.init_transactions(30)
+        brokers = self._verify_topics(admin)
+        session_ms = self._session_timeout_ms(admin, brokers)
+        self.producer = self._new_producer()
         self.consumer = clients.new_consumer(
             s.bootstrap,
             s.group,
             {
-                "session.timeout.ms": s.session_timeout_ms,
+                "session.timeout.ms": session_ms,
                 "max.poll.interval.ms": s.max_poll_interval_ms,
-                "heartbeat.interval.ms": max(500, s.session_timeout_ms // 5),
+                # A fifth of the session: a member misses four heartbeats before it is expired
+                # (a coordinator moving costs some), and a survivor hears of a rebalance within
+                # a fifth of the session.
+                "heartbeat.interval.ms": max(100, session_ms // 5),
             },
         )
-        self.restorer = clients.new_consumer(s.bootstrap, f"{s.group}-restore-unused")
-        self.watermarks = clients.new_consumer(
-            s.bootstrap, f"{s.group}-watermarks-unused", {"isolation.level": "read_uncommitted"}
+        # The restorer reads partitions to their end: a fetch that finds nothing new (a
+        # partition a transaction marker behind) returns at once rather than after 500 ms.
+        self.restorer = clients.new_consumer(
+            s.bootstrap, f"{s.group}-restore-unused", {"fetch.wait.max.ms": 10}
         )
+        self.watermarks = self._new_watermarks()
         self.consumer.subscribe(
             self.command_topics,
             on_assign=self._on_assign,
@@ -239,7 +244,63 @@ class Processor:
             on_lost=self._on_lost,
         )
 
-    def _verify_topics(self, admin: Any) -> None:
+    def _new_watermarks(self) -> Any:
+        """The client that reads the events partitions' true high watermarks."""
+        s = self.settings
+        return clients.new_consumer(
+            s.bootstrap, f"{s.group}-watermarks-unused", {"isolation.level": "read_uncommitted"}
+        )
+
+    def _new_producer(self) -> Any:
+        """The transactional producer of this instance, initialised: any transaction an earlier
+        producer of the same ``transactional.id`` left open is aborted first."""
+        s = self.settings
+        self._producers += 1
+        generation = self._producers
+
+        def delivered(err: Any, message: Any) -> None:
+            if generation == self._producers:  # not a report of a producer replaced since
+                self._delivered(err, message)
+
+        producer = clients.new_transactional_producer(
+            s.bootstrap,
+            f"{s.group}-{s.instance_id}",
+            {
+                "transaction.timeout.ms": s.transaction_timeout_ms,
+                "message.max.bytes": 4 * 1024 * 1024,
+                "linger.ms": 1,
+                "on_delivery": delivered,
+            },
+        )
+        _retrying(lambda: producer.init_transactions(30))
+        return producer
+
+    def _session_timeout_ms(self, admin: Any, brokers: list[int]) -> int:
+        """The configured session timeout, raised to the brokers' floor
+        (``group.min.session.timeout.ms``, 6 s unless lowered) instead of failing to join."""
+        wanted = self.settings.session_timeout_ms
+        if not brokers:
+            return wanted
+        resource = clients.ConfigResource(clients.ResourceType.BROKER, str(min(brokers)))
+        try:
+            found = admin.describe_configs([resource], request_timeout=10)[resource].result(15)
+            floor = int(found["group.min.session.timeout.ms"].value)
+        except (clients.KafkaException, KeyError, TypeError, ValueError) as exc:
+            LOG.info("no group.min.session.timeout.ms (%s); asking for %d ms", exc, wanted)
+            return wanted
+        if wanted < floor:
+            LOG.warning(
+                "session timeout %d ms is below the brokers' group.min.session.timeout.ms=%d: "
+                "using %d ms (lower the brokers' floor for a faster failover)",
+                wanted,
+                floor,
+                floor,
+            )
+            return floor
+        return wanted
+
+    def _verify_topics(self, admin: Any) -> list[int]:
+        """Check the topics against the topology; the ids of the brokers."""
         metadata = admin.list_topics(timeout=15)
         counts = {name: len(t.partitions) for name, t in metadata.topics.items()}
         problems = []
@@ -254,6 +315,7 @@ class Processor:
             raise TopologyError(
                 "; ".join(problems) + " (run `flowstream topics apply` with this prefix)"
             )
+        return [int(broker) for broker in metadata.brokers]
 
     async def run(self, stop: asyncio.Event) -> None:
         """Process until ``stop`` is set; commits what is open and leaves the group cleanly."""
@@ -284,9 +346,9 @@ class Processor:
     # -- the loop -------------------------------------------------------------------------
 
     async def _iteration(self) -> None:
-        restoring = any(o.restoring for o in self._owned.values())
         if self._committing is not None and self._committing.done():
             self._settle_commit()
+        restoring = any(o.restoring for o in self._owned.values())
         if self._results or restoring:
             messages = self.consumer.consume(num_messages=500, timeout=0)
         elif self._tasks or self._committing is not None:
@@ -340,10 +402,10 @@ class Processor:
     # -- transactions ---------------------------------------------------------------------
     #
     # Two transactions can be under way. The *committing* one is sealed: its records are all
-    # produced, and the commit thread sends the positions and commits it. The *open* one
-    # keeps taking decisions meanwhile; its records wait in ``_deferred`` until the commit is
-    # settled and the producer can begin the next transaction. The open transaction was
-    # decided on top of the committing one, so an abort of either throws both away.
+    # produced, and the commit thread commits it. The *open* one keeps taking decisions
+    # meanwhile; its records wait in ``_deferred`` until the commit is settled and the producer
+    # can begin the next transaction. The open transaction was decided on top of the
+    # committing one, so an abort of either throws both away.
 
     def _begin(self) -> None:
         """Open a transaction for what comes next (on Kafka at once, unless one commits)."""
@@ -358,16 +420,23 @@ class Processor:
         """Begin the Kafka transaction, and send the positions at once (the fence) from the
         commit thread: the round trips (and the wait while the coordinator finishes the
         previous transaction) overlap the decisions instead of delaying the commit."""
-        try:
-            self.producer.begin_transaction()
-        except clients.KafkaException as exc:
-            if exc.args[0].fatal():
-                raise
-            _retrying(lambda: self.producer.abort_transaction(30), attempts=20)
-            self.producer.begin_transaction()
         self._producing = True
         self._delivery_error = None
         self._events_end.clear()
+        self._fenced = ()
+        try:
+            try:
+                self.producer.begin_transaction()
+            except clients.KafkaException as exc:
+                if exc.args[0].fatal():
+                    raise
+                _retrying(lambda: self.producer.abort_transaction(30), attempts=20)
+                self.producer.begin_transaction()
+        except clients.KafkaException as exc:
+            # Fenced (fatal): the work goes on into a transaction that cannot commit, and
+            # the commit replaces the producer. (Callers are in the middle of a decision.)
+            self._delivery_error = exc.args[0]
+            return
         offsets = self._positions()
         self._fenced = _offsets_key(offsets)
         if offsets:
@@ -389,20 +458,20 @@ class Processor:
 
     def _delivered(self, err: Any, message: Any) -> None:
         if err is not None:
-            self._delivery_error = err
+            self._delivery_error = self._delivery_error or err
         elif message.topic() == self.topics[EVENTS]:
             end = message.offset() + 1
             partition = message.partition()
             self._events_end[partition] = max(self._events_end.get(partition, 0), end)
 
-    def _commit(self, *, start_steps: bool = True) -> None:
-        """Commit everything staged so far and wait for it (shutdown, revocation)."""
-        self._settle_commit(start_steps=start_steps)
+    def _commit(self, *, start_steps: bool = True, retake: bool = True) -> None:
+        """Commit everything staged so far and wait for it (shutdown, revocation, restore)."""
+        self._settle_commit(start_steps=start_steps, retake=retake)
         if self._txn_open:
-            self._start_commit()
-            self._settle_commit(start_steps=start_steps)
+            self._start_commit(retake=retake)
+            self._settle_commit(start_steps=start_steps, retake=retake)
 
-    def _start_commit(self) -> None:
+    def _start_commit(self, *, retake: bool = True) -> None:
         """Seal the open transaction and hand its commit to the commit thread.
 
         1. every transaction carries the positions of *every* command partition of every
@@ -416,7 +485,7 @@ class Processor:
         """
         offsets = self._positions()
         if not offsets:
-            self._abort("no valid consumer positions to gate the transaction")
+            self._abort("no valid consumer positions to gate the transaction", retake=retake)
             return
         if not self._producing:  # everything was deferred behind the previous commit
             self._begin_on_kafka()
@@ -443,7 +512,9 @@ class Processor:
         self, fence: Future[None] | None, offsets: list[Any] | None, metadata: Any
     ) -> None:
         """In the commit thread: check the fence went through, send moved positions, commit,
-        serve the delivery reports."""
+        serve the delivery reports (they carry the events offsets the local batches record)."""
+        if self._delivery_error is not None:
+            raise _Abort(f"the transaction cannot commit: {self._delivery_error}")
         if fence is not None:
             fence.result()  # ran before this task (one commit thread); raises what it raised
         if offsets is not None:
@@ -453,7 +524,7 @@ class Processor:
         if self._delivery_error is not None:
             raise _Abort(f"delivery failed: {self._delivery_error}")
 
-    def _settle_commit(self, *, start_steps: bool = True) -> None:
+    def _settle_commit(self, *, start_steps: bool = True, retake: bool = True) -> None:
         """Wait for the commit in flight, then write the sealed batches with the events offsets
         they reflect and start the steps whose ``step_started`` just became durable; or abort."""
         future = self._committing
@@ -462,10 +533,7 @@ class Processor:
         try:
             future.result()
         except (clients.KafkaException, _Abort) as exc:
-            self._committing = None
-            if isinstance(exc, clients.KafkaException) and exc.args[0].fatal():
-                raise
-            self._abort(str(exc), commit_failed=True)
+            self._abort(str(exc), retake=retake)
             return
         self._committing = None
         self._commit_round += 1
@@ -491,29 +559,37 @@ class Processor:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._wake.set)
 
-    def _abort(self, reason: str, *, commit_failed: bool = False) -> None:
+    def _abort(self, reason: str, *, retake: bool = True) -> None:
+        """Abort the open transaction and the one committing, if any; rewind to the last
+        commit. A fenced producer is replaced (see ``_reset_producer``)."""
         LOG.warning("aborting transaction: %s", reason)
         self.metrics.aborts.inc()
         for pending in (self._fence, self._committing):  # no abort under a call in flight
             if pending is not None:
                 with contextlib.suppress(Exception):
                     pending.result()
-        if self._committing is not None:
-            commit_failed = True
+        on_kafka = self._producing or self._committing is not None
         self._fence = self._committing = None
-        if self._producing or commit_failed:
+        fenced = None
+        if on_kafka:
             try:
                 _retrying(lambda: self.producer.abort_transaction(30), attempts=20)
             except clients.KafkaException as exc:
                 if exc.args[0].fatal():
-                    raise
-                # The coordinator is unreachable for now; librdkafka keeps the producer in
-                # the abort-required state, so the next begin fails until an abort goes through.
-                LOG.error("abort did not complete: %s", exc)
+                    fenced = exc
+                else:
+                    # The coordinator is unreachable for now; librdkafka keeps the producer in
+                    # the abort-required state, so the next begin fails until an abort goes
+                    # through.
+                    LOG.error("abort did not complete: %s", exc)
         self._txn_open = False
         self._producing = False
+        self._delivery_error = None
         self._deferred.clear()
         self._sealed = []
+        if fenced is not None:
+            self._reset_producer(fenced, retake=retake)
+            return
         for owned in self._owned.values():
             owned.store.discard()
             owned.outbox.clear()
@@ -527,6 +603,38 @@ class Processor:
                             self.consumer.seek(
                                 clients.TopicPartition(topic, owned.partition, position)
                             )
+
+    def _reset_producer(self, error: clients.KafkaException, *, retake: bool) -> None:
+        """Replace a fenced producer and restore the owned partitions from the events topic.
+
+        A fatal producer error means this ``transactional.id`` got a newer epoch: the coordinator
+        aborted a transaction that outlived ``transaction.timeout.ms`` (a stalled process, a slow
+        broker), or another process runs with this instance id. The open transaction is lost
+        (aborted by the coordinator); the group membership is not. A new producer (which
+        fences the other holder of the id, if any) takes over, and every owned partition is
+        taken again as on an assignment: its consumer positions are read back from the group and
+        its store catches up with the events topic, which holds whatever really committed.
+        Resets that repeat (``_MAX_RESETS`` within ``_RESET_WINDOW_S``) mean two processes fence
+        each other: the error is raised.
+        """
+        now = time.monotonic()
+        self._resets = [t for t in self._resets if now - t < _RESET_WINDOW_S] + [now]
+        if len(self._resets) > _MAX_RESETS:
+            raise error
+        LOG.error("the producer is fenced (%s); replacing it", error)
+        self.metrics.producer_resets.inc()
+        old = self.producer
+        with contextlib.suppress(Exception):
+            old.purge()
+        self._txn_open = False
+        self._producing = False
+        self._delivery_error = None
+        self._deferred.clear()
+        self.producer = self._new_producer()
+        taken = self.consumer.assignment() if retake else []
+        self._drop(set(self._owned))
+        if taken:
+            self._take(taken, seek=True)
 
     def _produce(
         self, topic: str, partition: int, key: str, value: bytes, headers: Any = None
@@ -551,6 +659,10 @@ class Processor:
                 return
             except BufferError:
                 self.producer.poll(0.05)
+            except clients.KafkaException as exc:
+                # The producer is fenced or the transaction must abort: the commit aborts it.
+                self._delivery_error = self._delivery_error or exc.args[0]
+                return
 
     # -- rebalance ------------------------------------------------------------------------
 
@@ -558,31 +670,40 @@ class Processor:
         try:
             if not assigned:
                 return
+            LOG.info("assigned partitions %s", sorted({tp.partition for tp in assigned}))
             consumer.assign(assigned)
-            consumer.pause(assigned)
-            committed = _patiently(lambda: consumer.committed(assigned, timeout=20))
-            by_partition: dict[int, dict[str, int]] = {}
-            for tp in committed:
-                position = tp.offset
-                if position < 0:
-                    where = clients.TopicPartition(tp.topic, tp.partition)
-                    low, _ = _patiently(
-                        functools.partial(self.watermarks.get_watermark_offsets, where, timeout=10)
-                    )
-                    position = low
-                by_partition.setdefault(tp.partition, {})[tp.topic] = position
-            for partition in list(self._held_results):
-                if partition not in by_partition:
-                    del self._held_results[partition]
-            for partition, positions in by_partition.items():
-                if set(positions) != set(self.command_topics):
-                    raise TopologyError(
-                        f"partition {partition} was assigned for only some command topics; "
-                        "use the range assignor with equal partition counts"
-                    )
-                self._own(partition, positions)
+            self._take(assigned)
         except BaseException as exc:  # surfaced by the loop; callbacks must not raise
             self._fatal = exc
+
+    def _take(self, assigned: list[Any], *, seek: bool = False) -> None:
+        """Own the partitions of ``assigned`` from their committed positions: paused until
+        restored; ``seek`` moves the consumer back there (when taking them again)."""
+        consumer = self.consumer
+        consumer.pause(assigned)
+        committed = _patiently(lambda: consumer.committed(assigned, timeout=20))
+        by_partition: dict[int, dict[str, int]] = {}
+        for tp in committed:
+            position = tp.offset
+            if position < 0:
+                where = clients.TopicPartition(tp.topic, tp.partition)
+                low, _ = _patiently(
+                    functools.partial(self.watermarks.get_watermark_offsets, where, timeout=10)
+                )
+                position = low
+            by_partition.setdefault(tp.partition, {})[tp.topic] = position
+            if seek:
+                consumer.seek(clients.TopicPartition(tp.topic, tp.partition, position))
+        for partition in list(self._held_results):
+            if partition not in by_partition:
+                del self._held_results[partition]
+        for partition, positions in by_partition.items():
+            if set(positions) != set(self.command_topics):
+                raise TopologyError(
+                    f"partition {partition} was assigned for only some command topics; "
+                    "use the range assignor with equal partition counts"
+                )
+            self._own(partition, positions)
 
     def _own(self, partition: int, positions: dict[str, int]) -> None:
         path = self.state_dir / f"p{partition:04d}"
@@ -618,15 +739,20 @@ class Processor:
         self._owned[partition] = owned
 
     def _on_revoke(self, consumer: Any, revoked: list[Any]) -> None:
+        LOG.info("revoked partitions %s", sorted({tp.partition for tp in revoked}))
         try:
-            self._commit(start_steps=False)
+            self._commit(start_steps=False, retake=False)
         except BaseException as exc:
             self._fatal = exc
         self._drop({tp.partition for tp in revoked})
 
     def _on_lost(self, consumer: Any, lost: list[Any]) -> None:
-        if self._txn_open or self._committing is not None:
-            self._abort("partitions lost")
+        LOG.warning("lost partitions %s", sorted({tp.partition for tp in lost}))
+        try:
+            if self._txn_open or self._committing is not None:
+                self._abort("partitions lost", retake=False)
+        except BaseException as exc:
+            self._fatal = exc
         self._drop({tp.partition for tp in lost})
 
     def _drop(self, partitions: set[int]) -> None:
@@ -639,52 +765,106 @@ class Processor:
     # -- restore --------------------------------------------------------------------------
 
     async def _restore_slice(self) -> None:
-        owned = next((o for o in self._owned.values() if o.restoring), None)
-        if owned is None:  # a rebalance during the poll took the partitions away
-            return
+        """One bounded step of restoring every partition that waits for it, all at once.
+
+        Each newly assigned partition gets its target (the events partition's true high
+        watermark); the restorer then fetches every restoring partition in parallel, so a
+        takeover of several partitions costs the longest restore, not their sum, and a partition
+        that has little to catch up is served as soon as it has it.
+        """
         events = self.topics[EVENTS]
-        tp = clients.TopicPartition(events, owned.partition)
-        if owned.restore_target is None:
-            try:
-                _, high = self.watermarks.get_watermark_offsets(tp, timeout=10, cached=False)
-            except clients.KafkaException as exc:
-                if exc.args[0].fatal():
-                    raise
-                LOG.warning("partition %d: no high watermark yet (%s); retrying", tp.partition, exc)
-                return
-            owned.restore_target = high
-            start = owned.store.events_offset
-            self.restorer.assign([clients.TopicPartition(events, owned.partition, start)])
-            owned.events_end = start
-        position = owned.events_end or 0
-        if position < owned.restore_target:
-            messages = self.restorer.consume(num_messages=2000, timeout=0.05)
-            restore_event = owned.store.restore_event
-            for message in messages:
-                if message.error() is not None:
-                    continue
-                value = message.value()
-                # An event is Avro single-object encoded (C3 01 ...); inbox and hook-token
-                # records start with UTF-8 text, which never starts with C3 01. So only those
-                # need their headers read (the first headers() call builds them: it costs more
-                # than storing the event).
+        if self._txn_open and any(
+            o.restoring and o.restore_target is None for o in self._owned.values()
+        ):
+            # Asking for targets can wait on a broker (a leader moving): no transaction of the
+            # active partitions waits with it, where it could outlive its timeout.
+            self._commit()
+        restoring = [o for o in self._owned.values() if o.restoring]
+        for owned in restoring:
+            if owned.restore_target is None and time.monotonic() >= self._targets_retry_at:
+                tp = clients.TopicPartition(events, owned.partition)
                 try:
-                    if value is not None and value[:2] == codec.MARKER:
-                        restore_event(value)
-                    else:
-                        self._restore_one(owned, message)
-                except (FlowError, ValueError) as exc:
-                    self._skip_record(message, exc)
-                position = int(message.offset() or 0) + 1
-            reported = self.restorer.position([tp])[0].offset
-            position = max(position, reported)
-            owned.events_end = position
-            owned.store.commit_local(position)
-        if position >= owned.restore_target:
-            # Stop fetching the events partition: the restorer would otherwise keep reading
-            # (and buffering) every event this processor writes to it from now on.
-            self.restorer.unassign()
-            await self._activate(owned)
+                    _, high = self.watermarks.get_watermark_offsets(tp, timeout=5, cached=False)
+                except clients.KafkaException as exc:
+                    if exc.args[0].fatal():
+                        raise
+                    LOG.warning(
+                        "partition %d: no high watermark yet (%s); retrying", owned.partition, exc
+                    )
+                    # Its view of the partition may be stale (a leader moved while a broker was
+                    # down, the partition unknown since): ask again soon with a fresh client.
+                    with contextlib.suppress(Exception):
+                        self.watermarks.close()
+                    self.watermarks = self._new_watermarks()
+                    self._targets_retry_at = time.monotonic() + _TARGET_RETRY_S
+                    break  # the others next time: the loop goes on meanwhile
+                owned.restore_target = high
+                owned.events_end = owned.store.events_offset
+                LOG.info(
+                    "partition %d: restoring events %d..%d", owned.partition, owned.events_end, high
+                )
+        ready = [o for o in restoring if o.restore_target is not None]
+        for owned in ready:
+            if (owned.events_end or 0) >= (owned.restore_target or 0):
+                await self._activate(owned)
+        fetching = {o.partition: o for o in ready if o.restoring}
+        # Partitions nearly caught up (typically this member's own, a transaction marker behind)
+        # first: in one fetch with long restores they would wait behind those records.
+        near = {
+            p: o
+            for p, o in fetching.items()
+            if (o.restore_target or 0) - (o.events_end or 0) <= _NEAR_RESTORED
+        }
+        fetching = near or fetching
+        if fetching != self._restoring:
+            # A partition joined, finished or went away: fetch the others from where they are.
+            self._restoring = fetching
+            self.restorer.assign(
+                [
+                    clients.TopicPartition(events, partition, owned.events_end or 0)
+                    for partition, owned in fetching.items()
+                ]
+            )
+        if not fetching:
+            return
+        first = self.restorer.poll(0.02)
+        messages = [] if first is None else [first, *self.restorer.consume(499, timeout=0)]
+        for message in messages:
+            if message.error() is not None:
+                continue
+            target = fetching.get(int(message.partition() or 0))
+            offset = int(message.offset() or 0)
+            if target is None or offset < (target.events_end or 0):
+                continue  # fetched for an assignment that has changed since
+            self._restore_record(target, message)
+            target.events_end = offset + 1
+        # The position passes transaction markers and aborted records, which consume() skips.
+        for tp in self.restorer.position(
+            [clients.TopicPartition(events, partition) for partition in fetching]
+        ):
+            owned = fetching[tp.partition]
+            owned.events_end = max(owned.events_end or 0, tp.offset)
+            if owned.store.has_staged or owned.events_end != owned.store.events_offset:
+                owned.store.commit_local(owned.events_end)
+            if owned.events_end >= (owned.restore_target or 0):
+                await self._activate(owned)
+
+    def _restore_record(self, owned: Owned, message: Any) -> None:
+        """Apply one record of the events partition; a record that is not a valid event of its
+        run is reported and skipped, so a bad record can never crash-loop the processor.
+
+        An event is Avro single-object encoded (C3 01 ...); inbox and hook-token records start
+        with UTF-8 text, which never starts with C3 01. So only those need their headers read
+        (the first ``headers()`` call builds them: it costs more than storing the event).
+        """
+        value = message.value()
+        try:
+            if value is not None and value[:2] == codec.MARKER:
+                owned.store.restore_event(value)
+            else:
+                self._restore_one(owned, message)
+        except (FlowError, ValueError) as exc:
+            self._skip_record(message, exc)
 
     def _skip_record(self, message: Any, exc: Exception) -> None:
         """A record that is not a valid event of its run is reported and skipped, so a bad
@@ -724,7 +904,9 @@ class Processor:
                 exc,
             )
         owned.restoring = False
-        self.metrics.restore_seconds.observe(time.monotonic() - owned.restore_began)
+        took = time.monotonic() - owned.restore_began
+        self.metrics.restore_seconds.observe(took)
+        LOG.info("partition %d: restored in %.3f s", owned.partition, took)
         self.consumer.resume(
             [clients.TopicPartition(topic, owned.partition) for topic in self.command_topics]
         )
@@ -1161,6 +1343,11 @@ def _retrying(operation: Callable[[], object], *, attempts: int = 10) -> None:
             if not error.retriable() or attempt == attempts - 1:
                 raise
             time.sleep(min(0.05 * 2**attempt, 1.0))
+
+
+#: More producer resets than this within the window mean another process has this instance id.
+_MAX_RESETS = 10
+_RESET_WINDOW_S = 60.0
 
 
 class _Abort(Exception):

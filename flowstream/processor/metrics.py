@@ -44,6 +44,12 @@ class ProcessorMetrics:
             registry=r,
         )
         self.aborts = Counter("flowstream_transaction_aborts", "Aborted transactions", registry=r)
+        self.producer_resets = Counter(
+            "flowstream_producer_resets",
+            "Transactional producers replaced after a fatal error (fenced: e.g. the coordinator "
+            "aborted a transaction that outlived transaction.timeout.ms)",
+            registry=r,
+        )
         self.parked_for_build = Counter(
             "flowstream_parked_for_build",
             "Commands parked because no served runtime build can replay their run",

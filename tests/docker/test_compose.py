@@ -46,6 +46,8 @@ ONE_NODE_KEYS = (
     "transaction.state.log.replication.factor",
     "transaction.state.log.min.isr",
     "group.initial.rebalance.delay.ms",
+    "group.min.session.timeout.ms",
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms",
     "min.insync.replicas",
     "default.replication.factor",
     "unclean.leader.election.enable",
@@ -462,6 +464,14 @@ BROKEN: list[tuple[str, str, Mutation, str]] = [
             KAFKA_AUTO_CREATE_TOPICS_ENABLE="true"
         ),
         "KAFKA_AUTO_CREATE_TOPICS_ENABLE",
+    ),
+    (
+        "kafka",
+        "the broker's default floor for session timeouts",
+        lambda c, _: c["services"]["kafka"]["environment"].pop(
+            "KAFKA_GROUP_MIN_SESSION_TIMEOUT_MS"
+        ),
+        "KAFKA_GROUP_MIN_SESSION_TIMEOUT_MS",
     ),
     (
         "kafka",

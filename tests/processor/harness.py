@@ -64,8 +64,6 @@ class Worker:
             command += ["--build", build]
         env = dict(os.environ)
         env["FLOWSTREAM_TEST_STEP_LOG"] = str(step_log)
-        env["FLOWSTREAM_SESSION_TIMEOUT_MS"] = "6000"
-        env["FLOWSTREAM_TRANSACTION_TIMEOUT_MS"] = "6000"
         env.update(extra_env or {})
         self._log = self.log_path.open("ab")
         self.process = subprocess.Popen(
