@@ -81,7 +81,8 @@ TRANSACTIONAL_PRODUCER_DEFAULTS: Mapping[str, Any] = {
     # (100 ms by default) before it adds partitions again. Back-to-back transactions are the
     # processor's normal case, so retry after a few milliseconds (growing on repeated errors).
     "retry.backoff.ms": 2,
-    "retry.backoff.max.ms": 200,
+    "retry.backoff.max.ms": 10,
+    "socket.nagle.disable": True,
 }
 
 #: Settings of every consumer: offsets are committed explicitly, inside transactions or not.

@@ -188,6 +188,8 @@ class Processor:
         self._fresh_steps = 0
         self._commit_round = 0
         self._txn_open = False
+        # The open transaction was begun on Kafka; its records may be produced directly.
+        self._kafka_open = False
         self._producing = False
         self._deferred: list[tuple[str, int, bytes, bytes, Any]] = []
         self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowstream-commit")
@@ -348,10 +350,11 @@ class Processor:
     async def _iteration(self) -> None:
         if self._committing is not None and self._committing.done():
             self._settle_commit()
+        self._release_deferred()
         restoring = any(o.restoring for o in self._owned.values())
         if self._results or restoring:
             messages = self.consumer.consume(num_messages=500, timeout=0)
-        elif self._tasks or self._committing is not None:
+        elif self._tasks or self._committing is not None or self._deferred:
             # Steps run or a commit is in flight: take what is already fetched, or else wait
             # on the loop for an outcome or the commit (a short while at most, so new
             # commands are not held).
@@ -401,11 +404,14 @@ class Processor:
 
     # -- transactions ---------------------------------------------------------------------
     #
-    # Two transactions can be under way. The *committing* one is sealed: its records are all
-    # produced, and the commit thread commits it. The *open* one keeps taking decisions
-    # meanwhile; its records wait in ``_deferred`` until the commit is settled and the producer
-    # can begin the next transaction. The open transaction was decided on top of the
-    # committing one, so an abort of either throws both away.
+    # Two transactions can be under way. The *committing* one is sealed, and the commit thread
+    # commits it. The *open* one keeps taking decisions meanwhile; its records wait in
+    # ``_deferred`` until the commit is settled, the producer has begun the next transaction
+    # and the coordinator has accepted its positions (the fence): until then the coordinator is
+    # still finishing the previous transaction, and a record would meet CONCURRENT_TRANSACTIONS
+    # (librdkafka retries adding its partition only after tens of milliseconds). The open
+    # transaction was decided on top of the committing one, so an abort of either throws both
+    # away.
 
     def _begin(self) -> None:
         """Open a transaction for what comes next (on Kafka at once, unless one commits)."""
@@ -413,14 +419,14 @@ class Processor:
             self._txn_open = True
             self._txn_began = time.monotonic()
             self._txn_commands = 0
-        if not self._producing and self._committing is None:
+        if not self._kafka_open and self._committing is None:
             self._begin_on_kafka()
 
     def _begin_on_kafka(self) -> None:
         """Begin the Kafka transaction, and send the positions at once (the fence) from the
         commit thread: the round trips (and the wait while the coordinator finishes the
         previous transaction) overlap the decisions instead of delaying the commit."""
-        self._producing = True
+        self._kafka_open = True
         self._delivery_error = None
         self._events_end.clear()
         self._fenced = ()
@@ -442,6 +448,17 @@ class Processor:
         if offsets:
             metadata = self.consumer.consumer_group_metadata()
             self._fence = self._committer.submit(self._send_offsets, offsets, metadata)
+            self._fence.add_done_callback(self._wake_loop)
+        else:
+            self._producing = True
+
+    def _release_deferred(self) -> None:
+        """Once the fence went through, records of the open transaction go out directly."""
+        fence = self._fence
+        ready = fence is not None and fence.done() and fence.exception() is None
+        if ready and self._kafka_open and not self._producing:
+            self._producing = True
+            self._flush_deferred()
 
     def _positions(self) -> list[Any]:
         """The consumer position of every command partition of every active partition."""
@@ -487,9 +504,10 @@ class Processor:
         if not offsets:
             self._abort("no valid consumer positions to gate the transaction", retake=retake)
             return
-        if not self._producing:  # everything was deferred behind the previous commit
+        if not self._kafka_open:  # everything was deferred behind the previous commit
             self._begin_on_kafka()
-            self._flush_deferred()
+        self._release_deferred()
+        records, self._deferred = self._deferred, []
         moved = _offsets_key(offsets) != self._fenced
         metadata = self.consumer.consumer_group_metadata() if moved else None
         active = [o for o in self._owned.values() if not o.restoring]
@@ -499,24 +517,32 @@ class Processor:
             owned.sealed_outbox, owned.outbox = owned.outbox, []
             owned.sealed_positions = dict(owned.positions)
         self._txn_open = False
+        self._kafka_open = False
         self._producing = False
         self._sealed = active
         self._commit_began = time.monotonic()
         fence, self._fence = self._fence, None
         self._committing = self._committer.submit(
-            self._commit_blocking, fence, offsets if moved else None, metadata
+            self._commit_blocking, fence, records, offsets if moved else None, metadata
         )
         self._committing.add_done_callback(self._wake_loop)
 
     def _commit_blocking(
-        self, fence: Future[None] | None, offsets: list[Any] | None, metadata: Any
+        self,
+        fence: Future[None] | None,
+        records: list[tuple[str, int, bytes, bytes, Any]],
+        offsets: list[Any] | None,
+        metadata: Any,
     ) -> None:
-        """In the commit thread: check the fence went through, send moved positions, commit,
-        serve the delivery reports (they carry the events offsets the local batches record)."""
+        """In the commit thread: check the fence went through, produce the records still held
+        back, send moved positions, commit, serve the delivery reports (they carry the events
+        offsets the local batches record)."""
         if self._delivery_error is not None:
             raise _Abort(f"the transaction cannot commit: {self._delivery_error}")
         if fence is not None:
             fence.result()  # ran before this task (one commit thread); raises what it raised
+        for record in records:
+            self._send(*record)
         if offsets is not None:
             self._send_offsets(offsets, metadata)
         _retrying(lambda: self.producer.commit_transaction(30))
@@ -553,7 +579,6 @@ class Processor:
         self.metrics.transaction_seconds.observe(time.monotonic() - self._commit_began)
         if self._txn_open:
             self._begin_on_kafka()
-            self._flush_deferred()
 
     def _wake_loop(self, _: Any) -> None:
         if self._loop is not None and not self._loop.is_closed():
@@ -568,7 +593,7 @@ class Processor:
             if pending is not None:
                 with contextlib.suppress(Exception):
                     pending.result()
-        on_kafka = self._producing or self._committing is not None
+        on_kafka = self._kafka_open or self._committing is not None
         self._fence = self._committing = None
         fenced = None
         if on_kafka:
@@ -583,6 +608,7 @@ class Processor:
                     # through.
                     LOG.error("abort did not complete: %s", exc)
         self._txn_open = False
+        self._kafka_open = False
         self._producing = False
         self._delivery_error = None
         self._deferred.clear()
@@ -627,7 +653,9 @@ class Processor:
         with contextlib.suppress(Exception):
             old.purge()
         self._txn_open = False
+        self._kafka_open = False
         self._producing = False
+        self._fence = None
         self._delivery_error = None
         self._deferred.clear()
         self.producer = self._new_producer()
