@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from rocksdict import WriteBatch
 
@@ -42,6 +43,11 @@ from flowstream.stores.rocksdb import RocksDBEventStore, put_append, wakeup_key
 __all__ = ["PartitionStore"]
 
 _OFFSET_KEY = b"m/events_offset"
+
+K = TypeVar("K")
+V = TypeVar("V")
+#: The staged hook, inbox and token entries of a sealed batch.
+_Overlays = tuple[dict[str, tuple[str, str]], dict[bytes, bytes | None], dict[str, tuple[str, str]]]
 
 #: Receives each staged append: (run id, envelopes, encoded envelopes).
 Sink = Callable[[str, list[EventEnvelope], list[bytes]], None]
@@ -116,6 +122,10 @@ class PartitionStore(RocksDBEventStore):
         self._staged_inbox: dict[bytes, bytes | None] = {}
         self._staged_tokens: dict[str, tuple[str, str]] = {}
         self._staged_wakeups = False
+        # What the sealed batch (the transaction being committed) staged.
+        self._sealed_runs: set[str] = set()
+        self._sealed_wakeups = False
+        self._sealed_overlays: _Overlays = ({}, {}, {})
         # How many commands wait in the inbox, so the common case (none) costs no scan.
         self._parked_count = sum(1 for _ in self._scan(b"i"))
         # Runs restored without a projection, and those of them in the staged batch.
@@ -191,52 +201,71 @@ class PartitionStore(RocksDBEventStore):
 
         The sealed batch is written by ``commit_sealed`` once the commit succeeded; an abort
         discards it together with whatever was staged after it (it was decided on top of it).
+        The overlays (staged hooks, inbox entries, tokens) keep serving both generations; the
+        entries the sealed one set are dropped when it is written, unless staged again since.
         """
         assert self._sealed is None, "a sealed batch is still waiting for its commit"
         self._sealed = self._stage()
         self._batch = None
+        self._sealed_runs = self._staged_runs
+        self._staged_runs = set()
+        self._sealed_wakeups = self._staged_wakeups
+        self._staged_wakeups = False
+        self._sealed_overlays = (
+            dict(self._staged_hooks),
+            dict(self._staged_inbox),
+            dict(self._staged_tokens),
+        )
 
     def commit_sealed(self, events_offset: int | None) -> None:
         """After the sealed transaction committed: write its batch with the events offset."""
         batch = self._sealed if self._sealed is not None else WriteBatch(raw_mode=True)
         self._sealed = None
-        self._write_committed(batch, events_offset)
+        if events_offset is not None:
+            batch.put(_OFFSET_KEY, events_offset.to_bytes(8, "big"))
+        self._db.write(batch, self._write_options)
+        if self._sealed_wakeups:
+            self._forget_earliest()
+        hooks, inbox, tokens = self._sealed_overlays
+        _drop_sealed(self._staged_hooks, hooks)
+        _drop_sealed(self._staged_inbox, inbox)
+        _drop_sealed(self._staged_tokens, tokens)
+        self._sealed_runs = set()
+        self._sealed_wakeups = False
+        self._sealed_overlays = ({}, {}, {})
 
     def commit_local(self, events_offset: int | None) -> None:
         """Write the staged batch with the events offset (restore, and unpipelined commits)."""
+        assert self._sealed is None, "a sealed batch is still waiting for its commit"
         batch = self._stage()
         if self._restaged:
             self._stage_restored(batch)
         self._batch = None
-        self._write_committed(batch, events_offset)
-
-    def _write_committed(self, batch: WriteBatch, events_offset: int | None) -> None:
         if events_offset is not None:
             batch.put(_OFFSET_KEY, events_offset.to_bytes(8, "big"))
         self._db.write(batch, self._write_options)
         if self._staged_wakeups:
             self._forget_earliest()
-        if self._batch is None:
-            # Nothing is staged after this batch: the overlays describe the database now.
-            # (Otherwise they stay: each entry is still the newest value of its key.)
-            self._staged_wakeups = False
-            self._staged_runs.clear()
-            self._staged_hooks.clear()
-            self._staged_inbox.clear()
-            self._staged_tokens.clear()
+        self._staged_wakeups = False
+        self._staged_runs.clear()
+        self._staged_hooks.clear()
+        self._staged_inbox.clear()
+        self._staged_tokens.clear()
 
     def discard(self) -> None:
         """After an abort: forget staged writes and every run state they touched."""
         self._batch = None
         self._sealed = None
-        self._staged_wakeups = False
+        self._staged_wakeups = self._sealed_wakeups = False
         if self._restaged:
             self._restaged.clear()
             self._restored = self._unindexed_runs()
         self._parked_count = sum(1 for _ in self._scan(b"i"))
-        for run_id in self._staged_runs:
+        for run_id in self._staged_runs | self._sealed_runs:
             self._states.pop(run_id, None)
         self._staged_runs.clear()
+        self._sealed_runs = set()
+        self._sealed_overlays = ({}, {}, {})
         self._staged_hooks.clear()
         self._staged_inbox.clear()
         self._staged_tokens.clear()
@@ -248,7 +277,7 @@ class PartitionStore(RocksDBEventStore):
     def _remember(self, run_id: str, state: RunState) -> None:
         if len(self._states) >= self._cache_runs:
             for candidate in list(self._states)[: len(self._states) // 10 + 1]:
-                if candidate not in self._staged_runs:
+                if candidate not in self._staged_runs and candidate not in self._sealed_runs:
                     self._states.pop(candidate)
         self._states[run_id] = state
 
@@ -440,6 +469,13 @@ class PartitionStore(RocksDBEventStore):
     def running_runs(self) -> list[str]:
         """Runs with a started, unsettled step: their attempts are re-run after a takeover."""
         return [key[1:].decode() for key, _ in self._scan(b"x")]
+
+
+def _drop_sealed(overlay: dict[K, V], sealed: dict[K, V]) -> None:
+    """Drop the overlay entries a written batch set, unless staged again since."""
+    for key, value in sealed.items():
+        if overlay.get(key) is value:
+            del overlay[key]
 
 
 def _inbox_parts(key: bytes) -> tuple[str, str]:
