@@ -559,7 +559,8 @@ class Processor:
         try:
             future.result()
         except (clients.KafkaException, _Abort) as exc:
-            self._abort(str(exc), retake=retake)
+            fatal = exc if isinstance(exc, clients.KafkaException) and exc.args[0].fatal() else None
+            self._abort(str(exc), retake=retake, fatal=fatal)
             return
         self._committing = None
         self._commit_round += 1
@@ -584,9 +585,12 @@ class Processor:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._wake.set)
 
-    def _abort(self, reason: str, *, retake: bool = True) -> None:
+    def _abort(
+        self, reason: str, *, retake: bool = True, fatal: clients.KafkaException | None = None
+    ) -> None:
         """Abort the open transaction and the one committing, if any; rewind to the last
-        commit. A fenced producer is replaced (see ``_reset_producer``)."""
+        commit. A fenced producer (``fatal``, or found when aborting) is replaced (see
+        ``_reset_producer``): no transactional call can succeed on it, not even an abort."""
         LOG.warning("aborting transaction: %s", reason)
         self.metrics.aborts.inc()
         for pending in (self._fence, self._committing):  # no abort under a call in flight
@@ -595,8 +599,8 @@ class Processor:
                     pending.result()
         on_kafka = self._kafka_open or self._committing is not None
         self._fence = self._committing = None
-        fenced = None
-        if on_kafka:
+        fenced = fatal
+        if on_kafka and fenced is None:
             try:
                 _retrying(lambda: self.producer.abort_transaction(30), attempts=20)
             except clients.KafkaException as exc:
