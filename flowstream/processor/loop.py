@@ -604,7 +604,9 @@ class Processor:
             try:
                 _retrying(lambda: self.producer.abort_transaction(30), attempts=20)
             except clients.KafkaException as exc:
-                if exc.args[0].fatal():
+                # _CONFLICT: a commit call that failed is still unfinished in librdkafka, so
+                # no abort can go through on this producer either: replace it as if fenced.
+                if exc.args[0].fatal() or exc.args[0].code() == clients.KafkaError._CONFLICT:
                     fenced = exc
                 else:
                     # The coordinator is unreachable for now; librdkafka keeps the producer in
