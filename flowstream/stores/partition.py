@@ -221,11 +221,7 @@ class PartitionStore(RocksDBEventStore):
         """After the sealed transaction committed: write its batch with the events offset."""
         batch = self._sealed if self._sealed is not None else WriteBatch(raw_mode=True)
         self._sealed = None
-        if events_offset is not None:
-            batch.put(_OFFSET_KEY, events_offset.to_bytes(8, "big"))
-        self._db.write(batch, self._write_options)
-        if self._sealed_wakeups:
-            self._forget_earliest()
+        self._write(batch, events_offset, wakeups_changed=self._sealed_wakeups)
         hooks, inbox, tokens = self._sealed_overlays
         _drop_sealed(self._staged_hooks, hooks)
         _drop_sealed(self._staged_inbox, inbox)
@@ -241,16 +237,22 @@ class PartitionStore(RocksDBEventStore):
         if self._restaged:
             self._stage_restored(batch)
         self._batch = None
-        if events_offset is not None:
-            batch.put(_OFFSET_KEY, events_offset.to_bytes(8, "big"))
-        self._db.write(batch, self._write_options)
-        if self._staged_wakeups:
-            self._forget_earliest()
+        self._write(batch, events_offset, wakeups_changed=self._staged_wakeups)
         self._staged_wakeups = False
         self._staged_runs.clear()
         self._staged_hooks.clear()
         self._staged_inbox.clear()
         self._staged_tokens.clear()
+
+    def _write(
+        self, batch: WriteBatch, events_offset: int | None, *, wakeups_changed: bool
+    ) -> None:
+        """Write a committed batch with the events offset it reflects."""
+        if events_offset is not None:
+            batch.put(_OFFSET_KEY, events_offset.to_bytes(8, "big"))
+        self._db.write(batch, self._write_options)
+        if wakeups_changed:
+            self._forget_earliest()
 
     def discard(self) -> None:
         """After an abort: forget staged writes and every run state they touched."""
