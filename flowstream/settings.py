@@ -49,6 +49,9 @@ class Settings(FrozenModel):
     timer_refire_ms: int = Field(default=30_000, ge=100)
     max_message_bytes: int = Field(default=1024 * 1024, ge=1024)
     metrics_port: int | None = None
+    #: librdkafka debug contexts of the processor's clients (``eos,protocol``, ``all``); their
+    #: lines go to the ``flowstream.kafka`` logger. Empty: none.
+    kafka_debug: str = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

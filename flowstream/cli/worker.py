@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import logging
 import signal
 import sys
@@ -54,6 +55,11 @@ def runtimes_from(app: str | None, builds: list[str]) -> dict[str | None, FlowRu
     return runtimes
 
 
+def _print_tasks() -> None:
+    for task in asyncio.all_tasks():
+        task.print_stack(file=sys.stderr)
+
+
 def _worker(args: argparse.Namespace) -> int:
     from flowstream.processor.loop import Processor
 
@@ -83,6 +89,10 @@ def _worker(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
+        # ``kill -USR1 <pid>`` prints where a stuck processor waits: every task's coroutine
+        # stack (when the loop still turns), then every thread's stack.
+        loop.add_signal_handler(signal.SIGUSR1, _print_tasks)
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=True)
         await processor.run(stop)
 
     try:

@@ -231,6 +231,7 @@ class Processor:
                 # (a coordinator moving costs some), and a survivor hears of a rebalance within
                 # a fifth of the session.
                 "heartbeat.interval.ms": max(100, session_ms // 5),
+                **({"debug": s.kafka_debug} if s.kafka_debug else {}),
             },
         )
         # The restorer reads partitions to their end: a fetch that finds nothing new (a
@@ -272,6 +273,7 @@ class Processor:
                 "message.max.bytes": 4 * 1024 * 1024,
                 "linger.ms": 1,
                 "on_delivery": delivered,
+                **({"debug": s.kafka_debug} if s.kafka_debug else {}),
             },
         )
         _retrying(lambda: producer.init_transactions(30))

@@ -96,6 +96,15 @@ class Worker:
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def stacks(self) -> str:
+        """Every thread's stack of a live worker (its SIGUSR1 handler prints them)."""
+        if self.process.poll() is not None:
+            return ""
+        before = len(self.output())
+        self.signal(signal.SIGUSR1)
+        time.sleep(0.5)
+        return self.output()[before:]
+
 
 def step_runs(step_log: Path) -> Counter[tuple[str, str]]:
     """How many times each (run, step) really executed."""
@@ -114,8 +123,18 @@ def step_log(step_log: Path) -> list[dict[str, object]]:
 
 
 def raw_events(bootstrap: str, prefix: str, partitions: int) -> list[tuple[str, int, str, str]]:
-    """Every committed event record: (run id, sequence, event type, writer), read with plain
-    fastavro-free decoding through the codec, from the start of every partition."""
+    """Every committed event record: (run id, sequence, event type, writer)."""
+    return [
+        (envelope.run_id, envelope.sequence, envelope.event.type, writer)
+        for envelope, writer in committed_events(bootstrap, prefix, partitions)
+    ]
+
+
+def committed_events(
+    bootstrap: str, prefix: str, partitions: int
+) -> list[tuple[EventEnvelope, str]]:
+    """Every committed event record with its writer, decoded through the codec, from the start
+    of every partition."""
     from flowstream import codec
     from flowstream.kafka import clients
 
@@ -129,7 +148,7 @@ def raw_events(bootstrap: str, prefix: str, partitions: int) -> list[tuple[str, 
         ends[p] = consumer.get_watermark_offsets(
             clients.TopicPartition(topic, p), timeout=10, cached=False
         )[1]
-    found: list[tuple[str, int, str, str]] = []
+    found: list[tuple[EventEnvelope, str]] = []
     eof: set[int] = set()
     deadline = time.monotonic() + 60
     while len(eof) < partitions and time.monotonic() < deadline:
@@ -145,14 +164,7 @@ def raw_events(bootstrap: str, prefix: str, partitions: int) -> list[tuple[str, 
             if headers.get("flowstream-record", b"event") != b"event":
                 continue
             envelope = codec.decode_event(message.value())
-            found.append(
-                (
-                    envelope.run_id,
-                    envelope.sequence,
-                    envelope.event.type,
-                    headers.get("flowstream-writer", b"").decode(),
-                )
-            )
+            found.append((envelope, headers.get("flowstream-writer", b"").decode()))
     consumer.close()
     return found
 
