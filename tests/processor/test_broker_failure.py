@@ -11,6 +11,7 @@ import pytest
 from flowstream.client import FlowClient
 from flowstream.devkafka import Cluster
 from flowstream.kafka.clients import probe_brokers
+from flowstream.partitioning import partition_for
 from flowstream.settings import Settings
 from tests.processor.apps import SPEC
 from tests.processor.harness import (
@@ -19,6 +20,7 @@ from tests.processor.harness import (
     apply_topics,
     assert_no_duplicate_sequences,
     raw_events,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.kafka3, pytest.mark.timeout(420)]
@@ -60,16 +62,22 @@ def test_losing_one_of_three_brokers_loses_nothing(
         time.sleep(2)
         before_kill = len(load.run_ids)
         kafka3_cluster.kill_node(victim)
-        time.sleep(10)
+        # Starts to partitions the dead node led wait until it is fenced and a new leader is
+        # elected (broker.session.timeout.ms, 6 s), and the load thread waits for each start.
+        wait_until(
+            lambda: len(load.run_ids) > before_kill + 40,
+            90,
+            "no run was started while a broker was down",
+        )
         run_ids = load.stop()
         assert before_kill > 10
-        assert len(run_ids) > before_kill + 5, "no run was started while a broker was down"
-        logs = "\n".join(w.output()[-1500:] for w in workers)
         try:
             results = client.wait_all(run_ids, timeout=240)
         except TimeoutError as exc:
-            pytest.fail(f"{exc}\n{logs}")
-        assert {r.status.value for r in results.values()} == {"completed"}, logs
+            pytest.fail(f"{exc}\n{_diagnosis(client, run_ids, workers)}")
+        assert {r.status.value for r in results.values()} == {"completed"}, _diagnosis(
+            client, run_ids, workers
+        )
         records = raw_events(bootstrap, unique_prefix, client.partitions)
         assert_no_duplicate_sequences(records)
         assert {r for r, _, t, _ in records if t == "run_completed"} >= set(run_ids)
@@ -78,3 +86,19 @@ def test_losing_one_of_three_brokers_loses_nothing(
         for worker in workers:
             worker.stop()
         kafka3_cluster.start_node(victim)
+
+
+def _diagnosis(client: FlowClient, run_ids: list[str], workers: list[Worker]) -> str:
+    """Which partitions hold unfinished runs, and what each worker logged and waits on."""
+    records = raw_events(client.settings.bootstrap, client.settings.topic_prefix, client.partitions)
+    completed = {r for r, _, t, _ in records if t == "run_completed"}
+    unfinished: dict[int, int] = {}
+    for run_id in run_ids:
+        if run_id not in completed:
+            partition = partition_for(run_id, client.partitions)
+            unfinished[partition] = unfinished.get(partition, 0) + 1
+    parts = [f"unfinished runs by partition: {sorted(unfinished.items())}"]
+    for worker in workers:
+        stacks = worker.stacks()
+        parts.append(f"--- {worker.name}\n{worker.output()[-12000:]}\n{stacks[-6000:]}")
+    return "\n".join(parts)
