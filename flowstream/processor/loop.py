@@ -190,6 +190,9 @@ class Processor:
         self._txn_open = False
         # The open transaction was begun on Kafka; its records may be produced directly.
         self._kafka_open = False
+        # When a Kafka transaction was begun ahead of any decision (right after a commit that
+        # carried some), or None.
+        self._eager_since: float | None = None
         self._producing = False
         self._deferred: list[tuple[str, int, bytes, bytes, Any]] = []
         self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowstream-commit")
@@ -198,6 +201,7 @@ class Processor:
         self._fence: Future[None] | None = None
         self._fenced: tuple[tuple[str, int, int], ...] = ()
         self._sealed: list[Owned] = []
+        self._reopen = False
         self._commit_began = 0.0
         self._txn_began = 0.0
         self._txn_commands = 0
@@ -381,6 +385,17 @@ class Processor:
         self._fire_timers()
         if self._txn_open and self._committing is None and self._should_commit():
             self._start_commit()
+        elif self._eager_idle():
+            self._start_commit()  # nothing joined it: commit the positions alone, do not reopen
+
+    def _eager_idle(self) -> bool:
+        since = self._eager_since
+        return (
+            since is not None
+            and not self._txn_open
+            and self._committing is None
+            and time.monotonic() - since >= _EAGER_IDLE_S
+        )
 
     def _should_commit(self) -> bool:
         """Commit when nothing more is about to join the open transaction: no outcome queued
@@ -421,6 +436,7 @@ class Processor:
             self._txn_open = True
             self._txn_began = time.monotonic()
             self._txn_commands = 0
+            self._eager_since = None
         if not self._kafka_open and self._committing is None:
             self._begin_on_kafka()
 
@@ -485,10 +501,10 @@ class Processor:
 
     def _commit(self, *, start_steps: bool = True, retake: bool = True) -> None:
         """Commit everything staged so far and wait for it (shutdown, revocation, restore)."""
-        self._settle_commit(start_steps=start_steps, retake=retake)
-        if self._txn_open:
+        self._settle_commit(start_steps=start_steps, retake=retake, reopen=False)
+        if self._txn_open or self._kafka_open:
             self._start_commit(retake=retake)
-            self._settle_commit(start_steps=start_steps, retake=retake)
+            self._settle_commit(start_steps=start_steps, retake=retake, reopen=False)
 
     def _start_commit(self, *, retake: bool = True) -> None:
         """Seal the open transaction and hand its commit to the commit thread.
@@ -518,8 +534,12 @@ class Processor:
                 owned.store.seal()
             owned.sealed_outbox, owned.outbox = owned.outbox, []
             owned.sealed_positions = dict(owned.positions)
+        # More work likely follows work (the outcomes of the steps this commit starts, the next
+        # command of a busy producer): its transaction is begun as soon as this one committed.
+        self._reopen = self._txn_open
         self._txn_open = False
         self._kafka_open = False
+        self._eager_since = None
         self._producing = False
         self._sealed = active
         self._commit_began = time.monotonic()
@@ -552,7 +572,9 @@ class Processor:
         if self._delivery_error is not None:
             raise _Abort(f"delivery failed: {self._delivery_error}")
 
-    def _settle_commit(self, *, start_steps: bool = True, retake: bool = True) -> None:
+    def _settle_commit(
+        self, *, start_steps: bool = True, retake: bool = True, reopen: bool = True
+    ) -> None:
         """Wait for the commit in flight, then write the sealed batches with the events offsets
         they reflect and start the steps whose ``step_started`` just became durable; or abort."""
         future = self._committing
@@ -582,6 +604,12 @@ class Processor:
         self.metrics.transaction_seconds.observe(time.monotonic() - self._commit_began)
         if self._txn_open:
             self._begin_on_kafka()
+        elif self._reopen and reopen:
+            # The fence (and the coordinator finishing this commit) overlaps the steps and the
+            # wait for commands rather than delaying what comes next; an eager transaction that
+            # nothing joined soon commits alone (its positions) and is not reopened.
+            self._begin_on_kafka()
+            self._eager_since = time.monotonic()
 
     def _wake_loop(self, _: Any) -> None:
         if self._loop is not None and not self._loop.is_closed():
@@ -617,6 +645,7 @@ class Processor:
                     LOG.error("abort did not complete: %s", exc)
         self._txn_open = False
         self._kafka_open = False
+        self._eager_since = None
         self._producing = False
         self._delivery_error = None
         self._deferred.clear()
@@ -662,6 +691,7 @@ class Processor:
             old.purge()
         self._txn_open = False
         self._kafka_open = False
+        self._eager_since = None
         self._producing = False
         self._fence = None
         self._delivery_error = None
@@ -785,7 +815,7 @@ class Processor:
     def _on_lost(self, consumer: Any, lost: list[Any]) -> None:
         LOG.warning("lost partitions %s", sorted({tp.partition for tp in lost}))
         try:
-            if self._txn_open or self._committing is not None:
+            if self._txn_open or self._kafka_open or self._committing is not None:
                 self._abort("partitions lost", retake=False)
         except BaseException as exc:
             self._fatal = exc
@@ -809,7 +839,7 @@ class Processor:
         that has little to catch up is served as soon as it has it.
         """
         events = self.topics[EVENTS]
-        if self._txn_open and any(
+        if (self._txn_open or self._kafka_open) and any(
             o.restoring and o.restore_target is None for o in self._owned.values()
         ):
             # Asking for targets can wait on a broker (a leader moving): no transaction of the
@@ -1380,6 +1410,10 @@ def _retrying(operation: Callable[[], object], *, attempts: int = 10) -> None:
                 raise
             time.sleep(min(0.05 * 2**attempt, 1.0))
 
+
+#: An eager transaction (begun right after a commit that carried decisions) that no decision
+#: joined within this long commits alone, well inside any transaction timeout.
+_EAGER_IDLE_S = 0.2
 
 #: More producer resets than this within the window mean another process has this instance id.
 _MAX_RESETS = 10
