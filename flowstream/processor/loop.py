@@ -59,6 +59,7 @@ from flowstream.model.messages import (
 )
 from flowstream.partitioning import partition_for
 from flowstream.processor.engine import PartitionEngine
+from flowstream.processor.lane import Lane
 from flowstream.processor.metrics import ProcessorMetrics
 from flowstream.replay.decide import token_digest
 from flowstream.runtime import FlowRuntime
@@ -195,7 +196,10 @@ class Processor:
         self._eager_since: float | None = None
         self._producing = False
         self._deferred: list[tuple[str, int, bytes, bytes, Any]] = []
-        self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowstream-commit")
+        self._committer = Lane("flowstream-commit")
+        # A transactional call running longer than this never returns (see ``lane``): the
+        # producer is given up. Well beyond a transaction's life, which ends it anyway.
+        self._stuck_s = max(15.0, 2 * settings.transaction_timeout_ms / 1000)
         self._committing: Future[None] | None = None
         # The positions sent when the open transaction began, and that call.
         self._fence: Future[None] | None = None
@@ -349,11 +353,13 @@ class Processor:
                 with contextlib.suppress(Exception):
                     close()
             self._executor.shutdown(wait=False, cancel_futures=True)
-            self._committer.shutdown(wait=False, cancel_futures=True)
+            self._committer.close()
 
     # -- the loop -------------------------------------------------------------------------
 
     async def _iteration(self) -> None:
+        if self._committer.busy_for() > self._stuck_s:
+            self._give_up_producer(retake=True)
         if self._committing is not None and self._committing.done():
             self._settle_commit()
         self._release_deferred()
@@ -465,7 +471,9 @@ class Processor:
         self._fenced = _offsets_key(offsets)
         if offsets:
             metadata = self.consumer.consumer_group_metadata()
-            self._fence = self._committer.submit(self._send_offsets, offsets, metadata)
+            self._fence = self._committer.submit(
+                self._send_offsets, self.producer, offsets, metadata
+            )
             self._fence.add_done_callback(self._wake_loop)
         else:
             self._producing = True
@@ -488,8 +496,9 @@ class Processor:
             if position >= 0
         ]
 
-    def _send_offsets(self, offsets: list[Any], metadata: Any) -> None:
-        _retrying(lambda: self.producer.send_offsets_to_transaction(offsets, metadata, 30))
+    @staticmethod
+    def _send_offsets(producer: Any, offsets: list[Any], metadata: Any) -> None:
+        _retrying(lambda: producer.send_offsets_to_transaction(offsets, metadata, 30))
 
     def _delivered(self, err: Any, message: Any) -> None:
         if err is not None:
@@ -545,12 +554,18 @@ class Processor:
         self._commit_began = time.monotonic()
         fence, self._fence = self._fence, None
         self._committing = self._committer.submit(
-            self._commit_blocking, fence, records, offsets if moved else None, metadata
+            self._commit_blocking,
+            self.producer,
+            fence,
+            records,
+            offsets if moved else None,
+            metadata,
         )
         self._committing.add_done_callback(self._wake_loop)
 
     def _commit_blocking(
         self,
+        producer: Any,
         fence: Future[None] | None,
         records: list[tuple[str, int, bytes, bytes, Any]],
         offsets: list[Any] | None,
@@ -564,11 +579,11 @@ class Processor:
         if fence is not None:
             fence.result()  # ran before this task (one commit thread); raises what it raised
         for record in records:
-            self._send(*record)
+            self._send(producer, *record)
         if offsets is not None:
-            self._send_offsets(offsets, metadata)
-        _retrying(lambda: self.producer.commit_transaction(30))
-        self.producer.poll(0)
+            self._send_offsets(producer, offsets, metadata)
+        _retrying(lambda: producer.commit_transaction(30))
+        producer.poll(0)
         if self._delivery_error is not None:
             raise _Abort(f"delivery failed: {self._delivery_error}")
 
@@ -579,6 +594,9 @@ class Processor:
         they reflect and start the steps whose ``step_started`` just became durable; or abort."""
         future = self._committing
         if future is None:
+            return
+        if not self._finished(future):
+            self._give_up_producer(retake=retake)
             return
         try:
             future.result()
@@ -624,9 +642,9 @@ class Processor:
         LOG.warning("aborting transaction: %s", reason)
         self.metrics.aborts.inc()
         for pending in (self._fence, self._committing):  # no abort under a call in flight
-            if pending is not None:
-                with contextlib.suppress(Exception):
-                    pending.result()
+            if pending is not None and not self._finished(pending):
+                self._give_up_producer(retake=retake)
+                return
         on_kafka = self._kafka_open or self._committing is not None
         self._fence = self._committing = None
         fenced = fatal
@@ -667,7 +685,29 @@ class Processor:
                                 clients.TopicPartition(topic, owned.partition, position)
                             )
 
-    def _reset_producer(self, error: clients.KafkaException, *, retake: bool) -> None:
+    def _finished(self, future: Future[Any]) -> bool:
+        """Wait for a transactional call; False if it ran into the stuck limit."""
+        with contextlib.suppress(TimeoutError):
+            future.exception(timeout=self._stuck_s)
+        return future.done()
+
+    def _give_up_producer(self, *, retake: bool) -> None:
+        """A transactional call never returned: leave it and its commit thread behind, and
+        replace the producer as if fenced (the new one's ``init_transactions`` aborts what the
+        old one had open). What was decided since the last commit is thrown away."""
+        self.metrics.aborts.inc()
+        self._committer.close()
+        self._committer = Lane("flowstream-commit")
+        self._fence = self._committing = None
+        self._sealed = []
+        error = clients.KafkaException(
+            clients.KafkaError(clients.KafkaError._TIMED_OUT, "a transactional call never returned")
+        )
+        self._reset_producer(error, retake=retake, why=f"hangs (over {self._stuck_s:.0f} s)")
+
+    def _reset_producer(
+        self, error: clients.KafkaException, *, retake: bool, why: str = "is fenced"
+    ) -> None:
         """Replace a fenced producer and restore the owned partitions from the events topic.
 
         A fatal producer error means this ``transactional.id`` got a newer epoch: the coordinator
@@ -684,7 +724,7 @@ class Processor:
         self._resets = [t for t in self._resets if now - t < _RESET_WINDOW_S] + [now]
         if len(self._resets) > _MAX_RESETS:
             raise error
-        LOG.error("the producer is fenced (%s); replacing it", error)
+        LOG.error("the producer %s (%s); replacing it", why, error)
         self.metrics.producer_resets.inc()
         old = self.producer
         with contextlib.suppress(Exception):
@@ -707,24 +747,24 @@ class Processor:
     ) -> None:
         self._begin()
         if self._producing:
-            self._send(topic, partition, key.encode(), value, headers)
+            self._send(self.producer, topic, partition, key.encode(), value, headers)
         else:
             self._deferred.append((topic, partition, key.encode(), value, headers))
 
     def _flush_deferred(self) -> None:
         for record in self._deferred:
-            self._send(*record)
+            self._send(self.producer, *record)
         self._deferred.clear()
 
-    def _send(self, topic: str, partition: int, key: bytes, value: bytes, headers: Any) -> None:
+    def _send(
+        self, producer: Any, topic: str, partition: int, key: bytes, value: bytes, headers: Any
+    ) -> None:
         while True:
             try:
-                self.producer.produce(
-                    topic, value=value, key=key, partition=partition, headers=headers
-                )
+                producer.produce(topic, value=value, key=key, partition=partition, headers=headers)
                 return
             except BufferError:
-                self.producer.poll(0.05)
+                producer.poll(0.05)
             except clients.KafkaException as exc:
                 # The producer is fenced or the transaction must abort: the commit aborts it.
                 self._delivery_error = self._delivery_error or exc.args[0]

@@ -50,7 +50,12 @@ class Cluster:
             Settings(bootstrap=bootstrap, topic_prefix=prefix, group=f"{prefix}-client")
         )
 
-    def start(self, name: str, extra_env: dict[str, str] | None = None) -> Worker:
+    def start(
+        self,
+        name: str,
+        extra_env: dict[str, str] | None = None,
+        app: str = "tests.processor.apps:runtime",
+    ) -> Worker:
         worker = Worker(
             name,
             bootstrap=self.bootstrap,
@@ -58,6 +63,7 @@ class Cluster:
             group=f"{self.prefix}-group",
             state_dir=self.root / "state",
             step_log=self.step_log,
+            app=app,
             extra_env=extra_env,
         )
         self.workers[name] = worker
@@ -286,3 +292,16 @@ def test_a_transaction_the_coordinator_timed_out_costs_a_new_producer(cluster: C
             break
     assert FENCED in worker.output(), cluster.logs() + worker.stacks()
     _finish_after_fencing(cluster, worker, load)
+
+
+def test_a_transactional_call_that_never_returns_costs_a_new_producer(cluster: Cluster) -> None:
+    # librdkafka may never return from send_offsets_to_transaction once the group coordinator's
+    # broker is gone (its issues 5456 and 5511; seen here when a broker was killed). The app
+    # makes the 40th such call block for good; the processor gives up that producer after its
+    # stuck limit (15 s), replaces it, finishes every run exactly once, and still exits cleanly.
+    worker = cluster.start("h1", app="tests.processor.hang_app:runtime")
+    load = Load(cluster.client, SPEC, "hang", rate=10, options={"step_sleep_ms": 50})
+    cluster.client.wait("hang-0000", timeout=90)
+    wait_until(lambda: "the producer hangs" in worker.output(), 90, "the hang was not noticed")
+    _finish_after_fencing(cluster, worker, load)
+    assert worker.stop(timeout=20) == 0, worker.output()[-3000:]
