@@ -239,7 +239,7 @@ class Processor:
                 # (a coordinator moving costs some), and a survivor hears of a rebalance within
                 # a fifth of the session.
                 "heartbeat.interval.ms": max(100, session_ms // 5),
-                **({"debug": s.kafka_debug} if s.kafka_debug else {}),
+                **_debug(s),
             },
         )
         # The restorer reads partitions to their end: a fetch that finds nothing new (a
@@ -281,7 +281,7 @@ class Processor:
                 "message.max.bytes": 4 * 1024 * 1024,
                 "linger.ms": 1,
                 "on_delivery": delivered,
-                **({"debug": s.kafka_debug} if s.kafka_debug else {}),
+                **_debug(s),
             },
         )
         _retrying(lambda: producer.init_transactions(30))
@@ -395,13 +395,9 @@ class Processor:
             self._start_commit()  # nothing joined it: commit the positions alone, do not reopen
 
     def _eager_idle(self) -> bool:
+        # Set only once a commit settled; a decision, a seal, an abort or a reset clears it.
         since = self._eager_since
-        return (
-            since is not None
-            and not self._txn_open
-            and self._committing is None
-            and time.monotonic() - since >= _EAGER_IDLE_S
-        )
+        return since is not None and time.monotonic() - since >= _EAGER_IDLE_S
 
     def _should_commit(self) -> bool:
         """Commit when nothing more is about to join the open transaction: no outcome queued
@@ -478,6 +474,13 @@ class Processor:
         else:
             self._producing = True
 
+    def _close_open(self) -> None:
+        """No transaction is open any more (sealed, aborted, or lost with its producer)."""
+        self._txn_open = False
+        self._kafka_open = False
+        self._eager_since = None
+        self._producing = False
+
     def _release_deferred(self) -> None:
         """Once the fence went through, records of the open transaction go out directly."""
         fence = self._fence
@@ -546,10 +549,7 @@ class Processor:
         # More work likely follows work (the outcomes of the steps this commit starts, the next
         # command of a busy producer): its transaction is begun as soon as this one committed.
         self._reopen = self._txn_open
-        self._txn_open = False
-        self._kafka_open = False
-        self._eager_since = None
-        self._producing = False
+        self._close_open()
         self._sealed = active
         self._commit_began = time.monotonic()
         fence, self._fence = self._fence, None
@@ -661,10 +661,7 @@ class Processor:
                     # the abort-required state, so the next begin fails until an abort goes
                     # through.
                     LOG.error("abort did not complete: %s", exc)
-        self._txn_open = False
-        self._kafka_open = False
-        self._eager_since = None
-        self._producing = False
+        self._close_open()
         self._delivery_error = None
         self._deferred.clear()
         self._sealed = []
@@ -729,10 +726,7 @@ class Processor:
         old = self.producer
         with contextlib.suppress(Exception):
             old.purge()
-        self._txn_open = False
-        self._kafka_open = False
-        self._eager_since = None
-        self._producing = False
+        self._close_open()
         self._fence = None
         self._delivery_error = None
         self._deferred.clear()
@@ -1462,6 +1456,11 @@ _RESET_WINDOW_S = 60.0
 
 class _Abort(Exception):
     """The open transaction cannot commit and must be aborted."""
+
+
+def _debug(settings: Settings) -> dict[str, str]:
+    """librdkafka's ``debug`` setting, when some contexts were asked for."""
+    return {"debug": settings.kafka_debug} if settings.kafka_debug else {}
 
 
 def _offsets_key(offsets: list[Any]) -> tuple[tuple[str, int, int], ...]:
