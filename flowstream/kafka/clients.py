@@ -55,6 +55,7 @@ __all__ = [
     "ResourceType",
     "TopicCollection",
     "TopicPartition",
+    "as_exception",
     "new_admin",
     "new_consumer",
     "new_producer",
@@ -93,6 +94,20 @@ CONSUMER_DEFAULTS: Mapping[str, Any] = {
     "auto.offset.reset": "earliest",
     "partition.assignment.strategy": "range",
 }
+
+
+def as_exception(raised: object) -> BaseException:
+    """An exception for what a call raised that is not one.
+
+    confluent-kafka can raise a bare ``KafkaError`` (not an exception class) out of ``flush()``
+    once the producer is fenced; no ``except`` clause but a bare one catches it, and a thread
+    it escapes from dies. Seen in ``tests/processor/test_failover.py`` (the paused processor).
+    """
+    if isinstance(raised, BaseException):
+        return raised
+    if isinstance(raised, KafkaError):
+        return KafkaException(raised)
+    return RuntimeError(f"a call raised {raised!r}")
 
 
 def _config(bootstrap: str, *layers: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -10,11 +10,14 @@ would be joined forever.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
+
+from flowstream.kafka import clients
 
 _STOP = object()
 
@@ -55,6 +58,8 @@ class Lane:
                 result = call(*args)
             except BaseException as exc:  # handed to whoever waits on the future
                 future.set_exception(exc)
+            except:  # noqa: E722 - not an exception class: see ``clients.as_exception``
+                future.set_exception(clients.as_exception(sys.exc_info()[1]))
             else:
                 future.set_result(result)
             finally:

@@ -25,7 +25,7 @@ import contextlib
 import functools
 import hmac
 import logging
-import threading
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -148,8 +148,13 @@ class _Slot:
         self.events_end: dict[int, int] = {}
 
     def flush(self) -> None:
-        if self.producer is not None:
+        """Deliver what is queued, at shutdown; a fenced producer has nothing to deliver."""
+        if self.producer is None:
+            return
+        try:
             self.producer.flush(5)
+        except:  # noqa: E722 - a bare KafkaError once fenced: see ``clients.as_exception``
+            LOG.debug("producer %d: %s", self.index, clients.as_exception(sys.exc_info()[1]))
 
 
 @dataclass(eq=False)
@@ -228,7 +233,14 @@ class Processor:
         self._committing_slot = self._slot
         # Set by the committing transaction once its records are written and its positions
         # sent: the next one may then send its own and write after them.
-        self._precommit: threading.Event | None = None
+        self._precommit: Future[None] | None = None
+        # The transaction after the open one, begun on the other producer while no commit is
+        # in flight, and its fence (positions sent after the open one's): see ``_begin_spare``.
+        self._spare: Future[None] | None = None
+        self._spare_fenced: tuple[tuple[str, int, int], ...] = ()
+        # The open transaction was begun eagerly after a commit that carried decisions.
+        self._eager_work = False
+        self._metadata: Any = None
         # A transactional call running longer than this never returns (see ``lane``): the
         # producer is given up. Well beyond a transaction's life, which ends it anyway.
         self._stuck_s = max(15.0, 2 * settings.transaction_timeout_ms / 1000)
@@ -307,6 +319,16 @@ class Processor:
             if generation == slot.generation:  # not a report of a producer replaced since
                 self._delivered(slot, err, message)
 
+        def failed(err: Any) -> None:
+            # Without this callback, confluent-kafka raises a fatal error out of poll() and
+            # flush() as a bare KafkaError, which no ``except`` clause catches (it is not an
+            # exception class): it would kill the lane's thread. The transactional call or the
+            # commit that follows meets the error as an exception, and ``_abort`` replaces the
+            # producer.
+            if generation == slot.generation and _is_fatal(err):
+                slot.error = slot.error or err
+            LOG.debug("producer %d: %s", slot.index, err)
+
         suffix = f".{slot.index}" if slot.index else ""
         producer = clients.new_transactional_producer(
             s.bootstrap,
@@ -316,6 +338,7 @@ class Processor:
                 "message.max.bytes": 4 * 1024 * 1024,
                 "linger.ms": 1,
                 "on_delivery": delivered,
+                "error_cb": failed,
                 **_debug(s),
             },
         )
@@ -425,6 +448,14 @@ class Processor:
         while self._results:
             await self._step_result(*self._results.popleft())
         self._fire_timers()
+        if (
+            self._spare is None
+            and self._committing is None
+            and self._kafka_open
+            and self._fence is not None
+            and (self._txn_open or self._eager_work)
+        ):
+            self._begin_spare()
         if self._txn_open and self._committing is None and self._should_commit():
             self._start_commit()
         elif self._eager_idle():
@@ -511,8 +542,8 @@ class Processor:
         offsets = self._positions()
         self._fenced = _offsets_key(offsets)
         if offsets:
-            metadata = self.consumer.consumer_group_metadata()
-            after = self._precommit if self._committing is not None else None
+            metadata = self._group_metadata()
+            after: Future[Any] | None = self._precommit if self._committing is not None else None
             self._fence = slot.lane.submit(
                 self._open_fence, slot, offsets, metadata, list(anchors), after
             )
@@ -523,10 +554,11 @@ class Processor:
     def _open_fence(
         self,
         slot: _Slot,
-        offsets: list[Any],
+        offsets: list[Any] | None,
         metadata: Any,
         anchors: list[int],
-        after: threading.Event | None,
+        after: Future[Any] | None,
+        before: Future[Any] | None = None,
     ) -> None:
         """In the slot's lane: once the committing transaction wrote its records and sent its
         positions (``after``), register the ``anchors`` events partitions with the transaction
@@ -540,19 +572,79 @@ class Processor:
         both against 3.8-4.1 ms one after the other). It is written after the committing
         transaction's records, so it never holds them back from ``read_committed`` readers.
         """
-        if after is not None and not after.wait(self._stuck_s):
-            raise _Abort("the transaction before it never wrote its records")
+        if before is not None:
+            before.result()  # the spare's first fence, earlier on this lane
+        if after is not None:
+            try:
+                after.result(timeout=self._stuck_s)
+            except TimeoutError:
+                raise _Abort("the transaction before it never wrote its records") from None
         for partition in anchors:
             self._send(slot, self.topics[EVENTS], partition, b"", b"", _ANCHOR_HEADERS)
-        self._send_offsets(slot.producer, offsets, metadata)
+        if offsets is not None:
+            self._send_offsets(slot.producer, offsets, metadata)
         if anchors:
             slot.producer.flush(30)
+        if slot.error is not None and _is_fatal(slot.error):
+            raise clients.KafkaException(slot.error)
+
+    def _begin_spare(self) -> None:
+        """Begin the transaction that follows the open one, on the other producer, while no
+        commit is in flight; its lane sends its positions once the open one's went through
+        (so the group keeps the later ones). When the open one is sealed, the spare takes its
+        place with its positions already sent, and only the anchors wait for the sealed one's
+        records; were the sealed one to send moved positions, the spare sends them again after.
+        """
+        slot = self._slots[1 - self._slot.index]
+        offsets = self._positions()
+        if slot.begun or not offsets:
+            return
+        try:
+            slot.producer.begin_transaction()
+        except clients.KafkaException:
+            return  # begun as usual when it is needed, and the error met then
+        slot.begun = True
+        slot.error = None
+        slot.events_end.clear()
+        metadata = self._group_metadata()
+        self._spare_fenced = _offsets_key(offsets)
+        self._spare = slot.lane.submit(self._open_fence, slot, offsets, metadata, [], self._fence)
+
+    def _promote_spare(
+        self, spare: Future[None], precommit: Future[None], moved: bool, anchors: list[int]
+    ) -> None:
+        """The spare becomes the open transaction as the one before it is sealed."""
+        slot = self._slot
+        self._kafka_open = True
+        self._producing = False
+        self._fenced = self._spare_fenced
+        offsets = None
+        if moved:  # the sealed one sends positions again, after the spare's: follow them
+            offsets = self._positions()
+            self._fenced = _offsets_key(offsets)
+        if offsets is None and not anchors:
+            self._fence = spare
+            return
+        metadata = self._group_metadata() if offsets is not None else None
+        self._fence = slot.lane.submit(
+            self._open_fence, slot, offsets, metadata, anchors, precommit, spare
+        )
+        self._fence.add_done_callback(self._wake_loop)
+
+    def _group_metadata(self) -> Any:
+        """The consumer's group metadata (generation and member id) for the fence, fetched once
+        per generation: it costs more than beginning a transaction, and only a rebalance (whose
+        callbacks forget it) changes it."""
+        if self._metadata is None:
+            self._metadata = self.consumer.consumer_group_metadata()
+        return self._metadata
 
     def _close_open(self) -> None:
         """No transaction is open any more (sealed, aborted, or lost with its producer)."""
         self._txn_open = False
         self._kafka_open = False
         self._eager_since = None
+        self._eager_work = False
         self._producing = False
 
     def _release_deferred(self) -> None:
@@ -586,9 +678,12 @@ class Processor:
             slot.events_end[partition] = max(slot.events_end.get(partition, 0), end)
 
     def _commit(self, *, start_steps: bool = True, retake: bool = True) -> None:
-        """Commit everything staged so far and wait for it (shutdown, revocation, restore)."""
+        """Commit everything staged so far and wait for it (shutdown, revocation, restore); a
+        spare that took the sealed transaction's place commits (its positions) after it."""
         self._settle_commit(start_steps=start_steps, retake=retake)
-        if self._txn_open or self._kafka_open:
+        for _ in range(2):
+            if not (self._txn_open or self._kafka_open):
+                break
             self._start_commit(retake=retake, reopen=False)
             self._settle_commit(start_steps=start_steps, retake=retake)
 
@@ -615,7 +710,7 @@ class Processor:
         self._release_deferred()
         records, self._deferred = self._deferred, []
         moved = _offsets_key(offsets) != self._fenced
-        metadata = self.consumer.consumer_group_metadata() if moved else None
+        metadata = self._group_metadata() if moved else None
         active = [o for o in self._owned.values() if not o.restoring]
         for owned in active:
             if owned.store.has_staged:
@@ -628,7 +723,7 @@ class Processor:
         self._commit_began = time.monotonic()
         fence, self._fence = self._fence, None
         slot = self._committing_slot = self._slot
-        self._precommit = threading.Event()
+        self._precommit = Future()
         self._committing = slot.lane.submit(
             self._commit_blocking,
             slot,
@@ -640,8 +735,13 @@ class Processor:
         )
         self._committing.add_done_callback(self._wake_loop)
         self._slot = self._slots[1 - slot.index]
-        if eager:
-            self._begin_on_kafka(anchors=[o.partition for o in active if o.sealed_outbox])
+        anchors = [o.partition for o in active if o.sealed_outbox] if eager else []
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            self._promote_spare(spare, self._precommit, moved, anchors)
+        elif eager:
+            self._begin_on_kafka(anchors=anchors)
+        self._eager_work = eager
 
     def _commit_blocking(
         self,
@@ -650,7 +750,7 @@ class Processor:
         records: list[tuple[str, int, bytes, bytes, Any]],
         offsets: list[Any] | None,
         metadata: Any,
-        precommit: threading.Event,
+        precommit: Future[None],
     ) -> None:
         """In the slot's lane: check the fence went through, produce the records still held
         back, send moved positions, wait for every record to be written (the next transaction
@@ -669,7 +769,7 @@ class Processor:
             if producer.flush(30):
                 raise _Abort("records were not delivered within 30 s")
         finally:
-            precommit.set()
+            precommit.set_result(None)
         _retrying(lambda: producer.commit_transaction(30))
         slot.begun = False
         producer.poll(0)
@@ -726,13 +826,19 @@ class Processor:
         ``_reset_producer``): no transactional call can succeed on it, not even an abort."""
         LOG.warning("aborting transaction: %s", reason)
         self.metrics.aborts.inc()
-        for pending in (self._fence, self._committing):  # no abort under a call in flight
+        self._metadata = None  # a refused fence may mean a generation this member missed
+        # No abort under a call in flight.
+        for pending in (self._fence, self._committing, self._spare):
             if pending is not None and not self._finished(pending):
                 self._give_up_producer(retake=retake)
                 return
-        self._fence = self._committing = None
+        self._fence = self._committing = self._spare = None
         self._precommit = None
         fenced = fatal
+        for slot in self._slots:
+            # A producer found fenced when a transaction began, or in a delivery report.
+            if fenced is None and slot.error is not None and _is_fatal(slot.error):
+                fenced = clients.KafkaException(slot.error)
         for slot in self._slots:
             if not slot.begun or fenced is not None:
                 continue
@@ -785,7 +891,7 @@ class Processor:
         for slot in self._slots:
             slot.lane.close()
             slot.lane = Lane(f"flowstream-commit-{slot.index}")
-        self._fence = self._committing = None
+        self._fence = self._committing = self._spare = None
         self._precommit = None
         self._sealed = []
         error = clients.KafkaException(
@@ -813,9 +919,10 @@ class Processor:
         if len(self._resets) > _MAX_RESETS:
             raise error
         LOG.error("the producer %s (%s); replacing it", why, error)
+        self._metadata = None
         self.metrics.producer_resets.inc()
         self._close_open()
-        self._fence = None
+        self._fence = self._spare = None
         self._precommit = None
         self._deferred.clear()
         for slot in self._slots:
@@ -864,6 +971,7 @@ class Processor:
     # -- rebalance ------------------------------------------------------------------------
 
     def _on_assign(self, consumer: Any, assigned: list[Any]) -> None:
+        self._metadata = None
         try:
             if not assigned:
                 return
@@ -936,6 +1044,7 @@ class Processor:
         self._owned[partition] = owned
 
     def _on_revoke(self, consumer: Any, revoked: list[Any]) -> None:
+        self._metadata = None
         LOG.info("revoked partitions %s", sorted({tp.partition for tp in revoked}))
         try:
             self._commit(start_steps=False, retake=False)
@@ -944,6 +1053,7 @@ class Processor:
         self._drop({tp.partition for tp in revoked})
 
     def _on_lost(self, consumer: Any, lost: list[Any]) -> None:
+        self._metadata = None
         LOG.warning("lost partitions %s", sorted({tp.partition for tp in lost}))
         try:
             if self._txn_open or self._kafka_open or self._committing is not None:
@@ -1553,6 +1663,11 @@ _RESET_WINDOW_S = 60.0
 
 class _Abort(Exception):
     """The open transaction cannot commit and must be aborted."""
+
+
+def _is_fatal(error: Any) -> bool:
+    fatal = getattr(error, "fatal", None)
+    return bool(fatal()) if callable(fatal) else False
 
 
 def _debug(settings: Settings) -> dict[str, str]:

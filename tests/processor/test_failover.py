@@ -257,16 +257,24 @@ def _finish_after_fencing(cluster: Cluster, worker: Worker, load: Load) -> None:
     assert "Traceback" not in worker.output(), cluster.logs()
 
 
-def test_a_processor_whose_transactional_id_is_taken_over_goes_on(cluster: Cluster) -> None:
+@pytest.mark.parametrize("suffix", ["", ".1"], ids=["first-producer", "second-producer"])
+def test_a_processor_whose_transactional_id_is_taken_over_goes_on(
+    cluster: Cluster, suffix: str
+) -> None:
     worker = cluster.start("f1")
     load = Load(cluster.client, SPEC, "fence", rate=10, options={"step_sleep_ms": 50})
     cluster.client.wait("fence-0000", timeout=90)  # the processor is up and committing
-    # Another producer initialises the processor's transactional.id: the coordinator bumps the
-    # epoch and aborts the processor's open transaction; its next transactional call fails with
-    # a fatal _FENCED error.
-    usurper = clients.new_transactional_producer(cluster.bootstrap, f"{cluster.prefix}-group-f1")
+    # Another producer initialises one of the processor's two transactional ids: the
+    # coordinator bumps the epoch and aborts that producer's open transaction; its next
+    # transactional call fails with a fatal _FENCED error.
+    usurper = clients.new_transactional_producer(
+        cluster.bootstrap, f"{cluster.prefix}-group-f1{suffix}"
+    )
     usurper.init_transactions(30)
-    wait_until(lambda: FENCED in worker.output(), 60, "the processor was never fenced")
+    try:
+        wait_until(lambda: FENCED in worker.output(), 60, "the processor was never fenced")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{worker.output()[-6000:]}\n{worker.stacks()}") from None
     _finish_after_fencing(cluster, worker, load)
 
 

@@ -3,11 +3,13 @@ left behind without holding up what replaces it."""
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 
 import pytest
 
+from flowstream.kafka import clients
 from flowstream.processor.lane import Lane
 
 
@@ -29,6 +31,27 @@ def test_an_error_reaches_whoever_waits() -> None:
     with pytest.raises(ValueError, match="no"):
         lane.submit(fail).result(timeout=5)
     assert lane.submit(lambda: 1).result(timeout=5) == 1  # the lane goes on
+    lane.close()
+
+
+def _raise_bare(value: object) -> None:
+    """Raise ``value`` the way confluent-kafka's ``flush()`` raises a bare ``KafkaError`` once
+    its producer is fenced: set as the pending error without being an exception instance."""
+    restore = ctypes.pythonapi.PyErr_Restore
+    restore.argtypes = [ctypes.py_object, ctypes.py_object, ctypes.py_object]
+    restore.restype = None
+    for held in (type(value), value):  # PyErr_Restore steals a reference to each
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(held))
+    restore(type(value), value, None)
+
+
+def test_a_bare_kafka_error_reaches_whoever_waits_as_an_exception() -> None:
+    lane = Lane("test-lane")
+    error = clients.KafkaError(clients.KafkaError._FENCED, "fenced", fatal=True)
+    with pytest.raises(clients.KafkaException) as caught:
+        lane.submit(_raise_bare, error).result(timeout=5)
+    assert caught.value.args[0].fatal()
+    assert lane.submit(lambda: 1).result(timeout=5) == 1  # the thread survived
     lane.close()
 
 
