@@ -320,11 +320,9 @@ class Processor:
                 self._delivered(slot, err, message)
 
         def failed(err: Any) -> None:
-            # Without this callback, confluent-kafka raises a fatal error out of poll() and
-            # flush() as a bare KafkaError, which no ``except`` clause catches (it is not an
-            # exception class): it would kill the lane's thread. The transactional call or the
-            # commit that follows meets the error as an exception, and ``_abort`` replaces the
-            # producer.
+            # A fatal error (fenced, or an idempotence failure) is kept for the transaction:
+            # it cannot commit, and ``_abort`` replaces the producers instead of retrying.
+            # (``flush()`` may also raise it, as a bare KafkaError: see ``clients.as_exception``.)
             if generation == slot.generation and _is_fatal(err):
                 slot.error = slot.error or err
             LOG.debug("producer %d: %s", slot.index, err)
