@@ -319,14 +319,6 @@ class Processor:
             if generation == slot.generation:  # not a report of a producer replaced since
                 self._delivered(slot, err, message)
 
-        def failed(err: Any) -> None:
-            # A fatal error (fenced, or an idempotence failure) is kept for the transaction:
-            # it cannot commit, and ``_abort`` replaces the producers instead of retrying.
-            # (``flush()`` may also raise it, as a bare KafkaError: see ``clients.as_exception``.)
-            if generation == slot.generation and _is_fatal(err):
-                slot.error = slot.error or err
-            LOG.debug("producer %d: %s", slot.index, err)
-
         suffix = f".{slot.index}" if slot.index else ""
         producer = clients.new_transactional_producer(
             s.bootstrap,
@@ -335,8 +327,11 @@ class Processor:
                 "transaction.timeout.ms": s.transaction_timeout_ms,
                 "message.max.bytes": 4 * 1024 * 1024,
                 "linger.ms": 1,
+                # No error_cb: confluent-kafka calls it for a fatal error with that error
+                # already pending as the exception of the flush() or poll() that serves it, so
+                # any builtin the callback calls fails with SystemError. Without one, the call
+                # raises the error itself, as a bare KafkaError (``clients.as_exception``).
                 "on_delivery": delivered,
-                "error_cb": failed,
                 **_debug(s),
             },
         )
@@ -788,6 +783,13 @@ class Processor:
         except (clients.KafkaException, _Abort) as exc:
             fatal = exc if isinstance(exc, clients.KafkaException) and exc.args[0].fatal() else None
             self._abort(str(exc), retake=retake, fatal=fatal)
+            return
+        except Exception as exc:
+            # Not a Kafka error: a client library failing in a way it does not document (a
+            # fenced producer's flush() once raised SystemError). The transaction is lost all
+            # the same; the abort finds out whether the producer is still usable.
+            LOG.error("the commit failed unexpectedly", exc_info=exc)
+            self._abort(f"{type(exc).__name__}: {exc}", retake=retake)
             return
         self._committing = None
         self._precommit = None
