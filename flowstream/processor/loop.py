@@ -147,6 +147,13 @@ class _Slot:
         # The end offset of the last record written to each events partition.
         self.events_end: dict[int, int] = {}
 
+    def begin(self) -> None:
+        """Begin a transaction on this producer; the last one's delivery reports are forgotten."""
+        self.producer.begin_transaction()
+        self.begun = True
+        self.error = None
+        self.events_end.clear()
+
     def flush(self) -> None:
         """Deliver what is queued, at shutdown; a fenced producer has nothing to deliver."""
         if self.producer is None:
@@ -230,7 +237,6 @@ class Processor:
         # the other commits. ``_slot`` holds the open transaction.
         self._slots = (_Slot(0), _Slot(1))
         self._slot = self._slots[0]
-        self._committing_slot = self._slot
         # Set by the committing transaction once its records are written and its positions
         # sent: the next one may then send its own and write after them.
         self._precommit: Future[None] | None = None
@@ -302,11 +308,6 @@ class Processor:
         return clients.new_consumer(
             s.bootstrap, f"{s.group}-watermarks-unused", {"isolation.level": "read_uncommitted"}
         )
-
-    @property
-    def producer(self) -> Any:
-        """The producer of the open transaction."""
-        return self._slot.producer
 
     def _new_producer(self, slot: _Slot) -> Any:
         """A transactional producer of this instance, initialised: any transaction an earlier
@@ -515,23 +516,20 @@ class Processor:
         """
         slot = self._slot
         self._kafka_open = True
-        slot.error = None
-        slot.events_end.clear()
         self._fenced = ()
         try:
             try:
-                slot.producer.begin_transaction()
+                slot.begin()
             except clients.KafkaException as exc:
                 if exc.args[0].fatal():
                     raise
                 _retrying(lambda: slot.producer.abort_transaction(30), attempts=20)
-                slot.producer.begin_transaction()
+                slot.begin()
         except clients.KafkaException as exc:
             # Fenced (fatal): the work goes on into a transaction that cannot commit, and
             # the commit replaces the producer. (Callers are in the middle of a decision.)
             slot.error = exc.args[0]
             return
-        slot.begun = True
         offsets = self._positions()
         self._fenced = _offsets_key(offsets)
         if offsets:
@@ -588,17 +586,16 @@ class Processor:
         place with its positions already sent, and only the anchors wait for the sealed one's
         records; were the sealed one to send moved positions, the spare sends them again after.
         """
-        slot = self._slots[1 - self._slot.index]
+        slot = self._other_slot
+        if slot.begun:
+            return
         offsets = self._positions()
-        if slot.begun or not offsets:
+        if not offsets:
             return
         try:
-            slot.producer.begin_transaction()
+            slot.begin()
         except clients.KafkaException:
             return  # begun as usual when it is needed, and the error met then
-        slot.begun = True
-        slot.error = None
-        slot.events_end.clear()
         metadata = self._group_metadata()
         self._spare_fenced = _offsets_key(offsets)
         self._spare = slot.lane.submit(self._open_fence, slot, offsets, metadata, [], self._fence)
@@ -623,6 +620,11 @@ class Processor:
             self._open_fence, slot, offsets, metadata, anchors, precommit, spare
         )
         self._fence.add_done_callback(self._wake_loop)
+
+    @property
+    def _other_slot(self) -> _Slot:
+        """The slot that is not open: the committing one's while a commit is in flight."""
+        return self._slots[1 - self._slot.index]
 
     def _group_metadata(self) -> Any:
         """The consumer's group metadata (generation and member id) for the fence, fetched once
@@ -715,7 +717,7 @@ class Processor:
         self._sealed = active
         self._commit_began = time.monotonic()
         fence, self._fence = self._fence, None
-        slot = self._committing_slot = self._slot
+        slot = self._slot
         self._precommit = Future()
         self._committing = slot.lane.submit(
             self._commit_blocking,
@@ -727,7 +729,7 @@ class Processor:
             self._precommit,
         )
         self._committing.add_done_callback(self._wake_loop)
-        self._slot = self._slots[1 - slot.index]
+        self._slot = self._other_slot
         anchors = [o.partition for o in active if o.sealed_outbox] if eager else []
         spare, self._spare = self._spare, None
         if spare is not None:
@@ -795,7 +797,7 @@ class Processor:
         self._precommit = None
         self._commit_round += 1
         self._fresh_steps = 0
-        events_end = self._committing_slot.events_end
+        events_end = self._other_slot.events_end  # the committing one's
         for owned in self._sealed:
             if self._owned.get(owned.partition) is not owned:
                 continue
