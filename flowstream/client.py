@@ -45,6 +45,16 @@ from flowstream.topology import (
 __all__ = ["EventTail", "FlowClient"]
 
 _RECORD_HEADER = "flowstream-record"
+#: Metadata answers that pass once the cluster catches up (a new topic, a leader election).
+_PASSING_ERRORS = frozenset(
+    {
+        clients.KafkaError.NOT_LEADER_FOR_PARTITION,
+        clients.KafkaError.LEADER_NOT_AVAILABLE,
+        clients.KafkaError.UNKNOWN_TOPIC_OR_PART,
+        clients.KafkaError._UNKNOWN_PARTITION,
+        clients.KafkaError._TIMED_OUT,
+    }
+)
 
 
 def _is_event(message: Any) -> bool:
@@ -219,12 +229,8 @@ class EventTail:
 
     def read_records_to_end(self, *, timeout: float) -> list[Any]:
         """Every committed record (events and inbox records) up to the last stable offset."""
-        ends: dict[int, int] = {}
-        for partition in self.partitions:
-            _, high = self._consumer.get_watermark_offsets(
-                clients.TopicPartition(self.topic, partition), timeout=10, cached=False
-            )
-            ends[partition] = high
+        patience = time.monotonic() + timeout
+        ends = {p: self._high_watermark(p, patience) for p in self.partitions}
         found: list[Any] = []
         deadline = time.monotonic() + timeout
         while True:
@@ -238,6 +244,22 @@ class EventTail:
             for message in self._consumer.consume(num_messages=1000, timeout=0.1):
                 if message.error() is None:
                     found.append(message)
+
+    def _high_watermark(self, partition: int, deadline: float) -> int:
+        """The partition's high watermark. A topic just created, or a leader just moved, answers
+        "not leader" or "unknown partition" for a moment: asked again until ``deadline``."""
+        while True:
+            try:
+                _, high = self._consumer.get_watermark_offsets(
+                    clients.TopicPartition(self.topic, partition), timeout=10, cached=False
+                )
+                return int(high)
+            except clients.KafkaException as exc:
+                error = exc.args[0]
+                passing = error.retriable() or error.code() in _PASSING_ERRORS
+                if not passing or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
     def close(self) -> None:
         self._consumer.close()
