@@ -177,11 +177,14 @@ def main() -> None:
         if "workload" in only:
             for sync in ("group", "always"):
                 workload.main(["embedded", "--sync", sync, "--out", str(out), *quick])
-            for workers in ("1", "2"):
+            for workers, eager in (("1", False), ("1", True), ("2", False), ("2", True)):
+                settings = ["--set", "EAGER_STEPS=true"] if eager else []
                 rows = workload.main(
-                    ["kafka", "--workers", workers, "--keep-broker", "--out", str(out), *quick]
+                    ["kafka", "--workers", workers, "--keep-broker", "--out", str(out)]
+                    + settings
+                    + quick
                 )
-                if workers == "1":
+                if workers == "1" and not eager:
                     tp_x1 = max(r["tp_wf_per_s"] for r in rows if "tp_wf_per_s" in r)
             if args.peers:
                 rerun_peers(args.peers, out)

@@ -37,6 +37,13 @@ class Settings(FrozenModel):
     step_concurrency: int = Field(default=64, ge=1)
     #: Run synchronous step handlers on the loop thread (fast, blocks decisions while running).
     inline_sync_steps: bool = False
+    #: Start a step as soon as its ``step_started`` is decided, before the transaction holding
+    #: it commits, so a short step's outcome and the decisions after it join that same
+    #: transaction. A crash or an aborted transaction can then leave a handler that ran with no
+    #: durable ``step_started``; the next owner runs that attempt again with the same
+    #: idempotency key, as after any crash (steps are at least once either way). Off: a handler
+    #: starts only once its ``step_started`` committed.
+    eager_steps: bool = False
     #: The coordinator aborts a transaction open longer than this, and so a dead processor's
     #: (whose open transaction holds back what the next owner may read) soon after its death.
     #: Transactions commit every few ms; one that outlives this costs a new producer.

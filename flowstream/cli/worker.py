@@ -37,6 +37,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--state-dir", help="RocksDB state directory (FLOWSTREAM_STATE_DIR)")
     parser.add_argument("--instance-id", help="stable id of this process (FLOWSTREAM_INSTANCE_ID)")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    parser.add_argument(
+        "--eager-steps",
+        action="store_true",
+        default=None,
+        help="start each step as soon as it is decided, before its step_started commits "
+        "(FLOWSTREAM_EAGER_STEPS; README, 'When a step starts')",
+    )
     parser.add_argument("--log-level", default="INFO")
     parser.set_defaults(handler=_worker)
 
@@ -76,6 +83,7 @@ def _worker(args: argparse.Namespace) -> int:
         instance_id=args.instance_id,
         metrics_port=args.metrics_port,
         app=args.app,
+        eager_steps=args.eager_steps,
     )
     runtimes = runtimes_from(args.app if args.app or not args.build else None, args.build)
     if args.app is None and not args.build:

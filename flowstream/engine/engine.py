@@ -708,9 +708,7 @@ class FlowEngine:
         now: datetime | None = None,
     ) -> bool:
         """Append an attempt's outcome computed elsewhere; False when it was stale (dropped)."""
-        state = self.store.state(run_id)
-        step = state.steps.get(step_id)
-        if step is None or step.status is not StepStatus.RUNNING or step.attempt != attempt:
+        if not self.store.state(run_id).attempt_running(step_id, attempt):
             return False
         self._record_outcome(run_id, step_id, attempt, (output, error, retryable), now)
         return True

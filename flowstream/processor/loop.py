@@ -63,6 +63,7 @@ from flowstream.processor.engine import PartitionEngine
 from flowstream.processor.lane import Lane
 from flowstream.processor.metrics import ProcessorMetrics
 from flowstream.replay.decide import token_digest
+from flowstream.replay.state import RunState
 from flowstream.runtime import FlowRuntime
 from flowstream.settings import Settings
 from flowstream.stores.base import Clock, utc_now
@@ -222,9 +223,12 @@ class Processor:
         )
         # Set when a step outcome or a commit comes back while the loop waits for one.
         self._wake = asyncio.Event()
-        # Steps started by the latest commit whose outcome has not come back yet.
-        self._fresh_steps = 0
-        self._commit_round = 0
+        # When each running step task started: one started less than the linger ago is
+        # likely to report into the open transaction, which waits for it (``_should_commit``).
+        self._step_starts: dict[asyncio.Task[None], float] = {}
+        # Runs whose decisions an abort threw away, by partition: driven again (their steps
+        # re-dispatched) once the loop comes round; the commands among them are read again.
+        self._redrive: dict[int, set[str]] = {}
         self._txn_open = False
         # The open transaction was begun on Kafka; its records may be produced directly.
         self._kafka_open = False
@@ -441,7 +445,11 @@ class Processor:
             await self._command(message)
         while self._results:
             await self._step_result(*self._results.popleft())
+        if self._redrive:
+            await self._drive_again()
         self._fire_timers()
+        if self._spare is None and self._kafka_open and self._fence is not None:
+            self._refence()
         if (
             self._spare is None
             and self._committing is None
@@ -472,7 +480,11 @@ class Processor:
             return True
         if self._results:
             return False
-        return self._fresh_steps == 0 or age >= self.settings.commit_linger_ms / 1000
+        linger = self.settings.commit_linger_ms / 1000
+        if age >= linger:
+            return True
+        now = time.monotonic()
+        return all(now - began >= linger for began in self._step_starts.values())
 
     def _wait_for_messages(self, timeout: float) -> list[Any]:
         """Block until one message arrives (``consume`` would wait for a full batch or the whole
@@ -578,6 +590,23 @@ class Processor:
             slot.producer.flush(30)
         if slot.error is not None and _is_fatal(slot.error):
             raise clients.KafkaException(slot.error)
+
+    def _refence(self) -> None:
+        """Send the open transaction's positions again as soon as the commands it applied moved
+        them, while its steps run and its records are written, rather than at the seal, where
+        the commit would wait for those round trips (and the spare would follow them again)."""
+        offsets = self._positions()
+        key = _offsets_key(offsets)
+        if not offsets or key == self._fenced:
+            return
+        self._release_deferred()  # records wait for the first fence only, if it went through
+        self._fenced = key
+        after = self._precommit if self._committing is not None else None
+        fence = self._slot.lane.submit(
+            self._open_fence, self._slot, offsets, self._group_metadata(), [], after, self._fence
+        )
+        fence.add_done_callback(self._wake_loop)
+        self._fence = fence
 
     def _begin_spare(self) -> None:
         """Begin the transaction that follows the open one, on the other producer, while no
@@ -730,13 +759,22 @@ class Processor:
         )
         self._committing.add_done_callback(self._wake_loop)
         self._slot = self._other_slot
-        anchors = [o.partition for o in active if o.sealed_outbox] if eager else []
+        anchors = [o.partition for o in active if self._will_report(o)] if eager else []
         spare, self._spare = self._spare, None
         if spare is not None:
             self._promote_spare(spare, self._precommit, moved, anchors)
         elif eager:
             self._begin_on_kafka(anchors=anchors)
         self._eager_work = eager
+
+    def _will_report(self, owned: Owned) -> bool:
+        """Steps sealed with this transaction will append outcomes to ``owned``'s events
+        partition in the next one: those it starts once committed, or, started eagerly, those
+        still running."""
+        if not self.settings.eager_steps:
+            return bool(owned.sealed_outbox)
+        inflight = self._inflight
+        return any((owned.partition, *item) in inflight for item in owned.sealed_outbox)
 
     def _commit_blocking(
         self,
@@ -795,8 +833,8 @@ class Processor:
             return
         self._committing = None
         self._precommit = None
-        self._commit_round += 1
-        self._fresh_steps = 0
+        if self.settings.eager_steps:
+            start_steps = False  # each started as it was decided (``_dispatch``)
         events_end = self._other_slot.events_end  # the committing one's
         for owned in self._sealed:
             if self._owned.get(owned.partition) is not owned:
@@ -866,7 +904,9 @@ class Processor:
         for slot in self._slots:
             slot.error = None
         for owned in self._owned.values():
-            owned.store.discard()
+            runs = owned.store.discard()
+            if runs and not owned.restoring:
+                self._redrive.setdefault(owned.partition, set()).update(runs)
             owned.outbox.clear()
             owned.sealed_outbox = []
             owned.fired.clear()
@@ -1504,21 +1544,26 @@ class Processor:
     # -- steps ----------------------------------------------------------------------------
 
     def _dispatch(self, owned: Owned, run_id: str, steps: list[tuple[str, int]]) -> None:
+        """Decided steps go out with the transaction (the outbox: started once it committed),
+        or at once with ``eager_steps``; the outbox then only names the partitions to anchor."""
         for step_id, attempt in steps:
             item = (run_id, step_id, attempt)
-            if (owned.partition, *item) not in self._inflight and item not in owned.outbox:
-                owned.outbox.append(item)
+            key = (owned.partition, *item)
+            if key in self._inflight or item in owned.outbox:
+                continue
+            owned.outbox.append(item)
+            if self.settings.eager_steps:
+                self._inflight.add(key)
+                self._start_step(owned, run_id, step_id, attempt)
 
     def _start_step(self, owned: Owned, run_id: str, step_id: str, attempt: int) -> None:
         task = asyncio.ensure_future(self._run_step(owned, run_id, step_id, attempt))
         self._tasks.add(task)
-        self._fresh_steps += 1
-        round_ = self._commit_round
+        self._step_starts[task] = time.monotonic()
 
         def done(task: asyncio.Task[None]) -> None:
             self._tasks.discard(task)
-            if round_ == self._commit_round:
-                self._fresh_steps -= 1
+            self._step_starts.pop(task, None)
             self._wake.set()
 
         task.add_done_callback(done)
@@ -1527,10 +1572,11 @@ class Processor:
         key = (owned.partition, run_id, step_id, attempt)
         try:
             async with self._step_slots:
-                if self._owned.get(owned.partition) is not owned:
+                state = self._attempt_state(owned, run_id, step_id, attempt)
+                if state is None:
                     self._inflight.discard(key)
+                    self.metrics.step_attempts.labels(outcome="not_started").inc()
                     return
-                state = owned.store.state(run_id)
                 runtime = owned.engine.runtimes[state.spec.runtime_build_id]
                 outcome = await call_step(
                     runtime,
@@ -1554,6 +1600,17 @@ class Processor:
             return
         self._results.append((owned.partition, run_id, step_id, attempt, outcome))
 
+    def _attempt_state(
+        self, owned: Owned, run_id: str, step_id: str, attempt: int
+    ) -> RunState | None:
+        """The run's state while the partition is owned and the attempt is running in it: an
+        abort may have thrown away an eagerly started step's ``step_started`` (or its whole
+        run) before its task came to run."""
+        if self._owned.get(owned.partition) is not owned or not owned.store.exists(run_id):
+            return None
+        state = owned.store.state(run_id)
+        return state if state.attempt_running(step_id, attempt) else None
+
     async def _step_result(
         self,
         partition: int,
@@ -1569,7 +1626,7 @@ class Processor:
             )
             return
         self._inflight.discard((partition, run_id, step_id, attempt))
-        if owned is None:
+        if owned is None or not owned.store.exists(run_id):  # gone, or its start aborted
             self.metrics.step_attempts.labels(outcome="dropped").inc()
             return
         output, error, retryable = outcome
@@ -1589,6 +1646,20 @@ class Processor:
 
         await self._guard(owned, run_id, work())
         self.metrics.decision_seconds.observe(time.perf_counter() - began)
+
+    async def _drive_again(self) -> None:
+        """Drive the runs an abort rewound: a step outcome it threw away is not read again from
+        any topic, so the step is dispatched again (its attempt is still running in the
+        history) instead of waiting for the partition's next owner."""
+        redrive, self._redrive = self._redrive, {}
+        for partition, runs in redrive.items():
+            owned = self._owned.get(partition)
+            if owned is None or owned.restoring:
+                continue  # a restore drives every running run anyway
+            self._begin()
+            for run_id in sorted(runs):
+                if owned.store.exists(run_id):  # not a run whose start was thrown away
+                    await self._guard(owned, run_id, owned.engine.advance(run_id))
 
     # -- timers ---------------------------------------------------------------------------
 

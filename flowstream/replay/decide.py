@@ -179,9 +179,9 @@ def step_outcome_events(
     A stale outcome (the step was cancelled, or another owner already recorded it) is dropped:
     the history is the authority, not the process that ran the handler.
     """
-    step = state.steps.get(step_id)
-    if step is None or step.status is not StepStatus.RUNNING or step.attempt != attempt:
+    if not state.attempt_running(step_id, attempt):
         return []
+    step = state.steps[step_id]
     if error is None:
         return [StepCompleted(step_id=step_id, output=output)]
     if not retryable:

@@ -239,6 +239,12 @@ class RunState:
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
 
+    def attempt_running(self, step_id: str, attempt: int) -> bool:
+        """The step's ``attempt`` was started and has no outcome yet: only then is an outcome of
+        it recorded, or a handler run for it."""
+        step = self.steps.get(step_id)
+        return step is not None and step.status is StepStatus.RUNNING and step.attempt == attempt
+
     @property
     def blocking_children(self) -> list[str]:
         """Open children that block the run (abandoned children stop blocking once cancelling)."""

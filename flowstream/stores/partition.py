@@ -254,8 +254,10 @@ class PartitionStore(RocksDBEventStore):
         if wakeups_changed:
             self._forget_earliest()
 
-    def discard(self) -> None:
-        """After an abort: forget staged writes and every run state they touched."""
+    def discard(self) -> set[str]:
+        """After an abort: forget staged writes and every run state they touched; returns
+        those runs."""
+        touched = self._staged_runs | self._sealed_runs
         self._batch = None
         self._sealed = None
         self._staged_wakeups = self._sealed_wakeups = False
@@ -271,6 +273,7 @@ class PartitionStore(RocksDBEventStore):
         self._staged_hooks.clear()
         self._staged_inbox.clear()
         self._staged_tokens.clear()
+        return touched
 
     def _hook_owner(self, token_digest: str) -> tuple[str, str] | None:
         staged = self._staged_hooks.get(token_digest)

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import orjson
 
+from flowstream.client import FlowClient
 from flowstream.kafka import topics
 from flowstream.model.events import EventEnvelope
+from flowstream.settings import Settings
 from flowstream.topology import load_topology
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,6 +137,22 @@ def committed_events(
 ) -> list[tuple[EventEnvelope, str]]:
     """Every committed event record with its writer, decoded through the codec, from the start
     of every partition."""
+    return [
+        (envelope, writer) for envelope, writer, _ in _event_records(bootstrap, prefix, partitions)
+    ]
+
+
+def event_offsets(bootstrap: str, prefix: str, partitions: int) -> dict[str, list[tuple[int, int]]]:
+    """Each run's committed event records as (partition, offset), in order."""
+    offsets: dict[str, list[tuple[int, int]]] = {}
+    for envelope, _, at in _event_records(bootstrap, prefix, partitions):
+        offsets.setdefault(envelope.run_id, []).append(at)
+    return offsets
+
+
+def _event_records(
+    bootstrap: str, prefix: str, partitions: int
+) -> list[tuple[EventEnvelope, str, tuple[int, int]]]:
     from flowstream import codec
     from flowstream.kafka import clients
 
@@ -148,7 +166,7 @@ def committed_events(
         ends[p] = consumer.get_watermark_offsets(
             clients.TopicPartition(topic, p), timeout=10, cached=False
         )[1]
-    found: list[tuple[EventEnvelope, str]] = []
+    found: list[tuple[EventEnvelope, str, tuple[int, int]]] = []
     eof: set[int] = set()
     deadline = time.monotonic() + 60
     while len(eof) < partitions and time.monotonic() < deadline:
@@ -164,7 +182,8 @@ def committed_events(
             if headers.get("flowstream-record", b"event") != b"event":
                 continue
             envelope = codec.decode_event(message.value())
-            found.append((envelope, headers.get("flowstream-writer", b"").decode()))
+            writer = headers.get("flowstream-writer", b"").decode()
+            found.append((envelope, writer, (message.partition(), message.offset())))
     consumer.close()
     return found
 
@@ -223,3 +242,45 @@ def wait_until(predicate: object, timeout: float, message: str) -> None:
             return
         time.sleep(0.1)
     raise AssertionError(message)
+
+
+class Cluster:
+    """Topics under one prefix, a client, and the worker processes of one consumer group."""
+
+    def __init__(self, bootstrap: str, prefix: str, root: Path) -> None:
+        self.bootstrap = bootstrap
+        self.prefix = prefix
+        self.root = root
+        self.step_log = root / "steps.jsonl"
+        self.workers: dict[str, Worker] = {}
+        apply_topics(bootstrap, prefix)
+        self.client = FlowClient(
+            Settings(bootstrap=bootstrap, topic_prefix=prefix, group=f"{prefix}-client")
+        )
+
+    def start(
+        self,
+        name: str,
+        extra_env: dict[str, str] | None = None,
+        app: str = "tests.processor.apps:runtime",
+    ) -> Worker:
+        worker = Worker(
+            name,
+            bootstrap=self.bootstrap,
+            prefix=self.prefix,
+            group=f"{self.prefix}-group",
+            state_dir=self.root / "state",
+            step_log=self.step_log,
+            app=app,
+            extra_env=extra_env,
+        )
+        self.workers[name] = worker
+        return worker
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {n}\n{w.output()[-1500:]}" for n, w in self.workers.items())
+
+    def close(self) -> None:
+        self.client.close()
+        for worker in self.workers.values():
+            worker.stop()

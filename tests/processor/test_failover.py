@@ -8,25 +8,21 @@ import contextlib
 import shutil
 import signal
 import time
-from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 
 from flowstream import codec
-from flowstream.client import FlowClient
 from flowstream.errors import RunNotFoundError
 from flowstream.kafka import clients
 from flowstream.model.events import EventEnvelope, RunStarted
 from flowstream.partitioning import partition_for
-from flowstream.settings import Settings
 from flowstream.topology import EVENTS, load_topology
 from tests.processor.apps import SPEC
 from tests.processor.harness import (
+    Cluster,
     Load,
     Worker,
-    apply_topics,
     assert_no_duplicate_sequences,
     committed_events,
     raw_events,
@@ -36,55 +32,6 @@ from tests.processor.harness import (
 from tests.support import envelope
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
-
-
-class Cluster:
-    def __init__(self, bootstrap: str, prefix: str, root: Path) -> None:
-        self.bootstrap = bootstrap
-        self.prefix = prefix
-        self.root = root
-        self.step_log = root / "steps.jsonl"
-        self.workers: dict[str, Worker] = {}
-        apply_topics(bootstrap, prefix)
-        self.client = FlowClient(
-            Settings(bootstrap=bootstrap, topic_prefix=prefix, group=f"{prefix}-client")
-        )
-
-    def start(
-        self,
-        name: str,
-        extra_env: dict[str, str] | None = None,
-        app: str = "tests.processor.apps:runtime",
-    ) -> Worker:
-        worker = Worker(
-            name,
-            bootstrap=self.bootstrap,
-            prefix=self.prefix,
-            group=f"{self.prefix}-group",
-            state_dir=self.root / "state",
-            step_log=self.step_log,
-            app=app,
-            extra_env=extra_env,
-        )
-        self.workers[name] = worker
-        return worker
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {n}\n{w.output()[-1500:]}" for n, w in self.workers.items())
-
-    def close(self) -> None:
-        self.client.close()
-        for worker in self.workers.values():
-            worker.stop()
-
-
-@pytest.fixture
-def cluster(kafka_bootstrap: str, unique_prefix: str, tmp_path: Path) -> Iterator[Cluster]:
-    group = Cluster(kafka_bootstrap, unique_prefix, tmp_path)
-    try:
-        yield group
-    finally:
-        group.close()
 
 
 def _check_invariants(cluster: Cluster, run_ids: list[str]) -> list[tuple[str, int, str, str]]:
@@ -120,9 +67,12 @@ def _committed_steps_never_rerun(cluster: Cluster, run_ids: list[str]) -> None:
             pytest.fail(f"{run_id}: {mine}\n{history}\n{cluster.logs()}")
 
 
-def test_sigkill_one_of_three_processors_under_load(cluster: Cluster) -> None:
+@pytest.mark.parametrize("env", [{}, {"FLOWSTREAM_EAGER_STEPS": "true"}], ids=["strict", "eager"])
+def test_sigkill_one_of_three_processors_under_load(cluster: Cluster, env: dict[str, str]) -> None:
+    # Eager: the killed processor ran steps whose step_started never committed; the heirs run
+    # them again, and still no step whose outcome committed ever runs again.
     for name in ("w1", "w2", "w3"):
-        cluster.start(name)
+        cluster.start(name, env)
     load = Load(cluster.client, SPEC, "kill", rate=25, options={"step_sleep_ms": 300})
     time.sleep(6)
     cluster.workers["w2"].kill()
