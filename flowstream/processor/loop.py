@@ -257,6 +257,8 @@ class Processor:
         self._committing: Future[None] | None = None
         # The positions sent when the open transaction began, and that call.
         self._fence: Future[None] | None = None
+        # The open transaction sent its positions again once commands moved them.
+        self._refenced = False
         self._fenced: tuple[tuple[str, int, int], ...] = ()
         self._sealed: list[Owned] = []
         self._commit_began = 0.0
@@ -594,16 +596,21 @@ class Processor:
     def _refence(self) -> None:
         """Send the open transaction's positions again as soon as the commands it applied moved
         them, while its steps run and its records are written, rather than at the seal, where
-        the commit would wait for those round trips (and the spare would follow them again)."""
+        the commit would wait for those round trips (and the spare would follow them again).
+        Once per transaction: under a steady stream of commands the seal sends them anyway."""
+        fence = self._fence
+        if self._refenced or fence is None or not fence.done():
+            return
         offsets = self._positions()
         key = _offsets_key(offsets)
         if not offsets or key == self._fenced:
             return
+        self._refenced = True
         self._release_deferred()  # records wait for the first fence only, if it went through
         self._fenced = key
         after = self._precommit if self._committing is not None else None
         fence = self._slot.lane.submit(
-            self._open_fence, self._slot, offsets, self._group_metadata(), [], after, self._fence
+            self._open_fence, self._slot, offsets, self._group_metadata(), [], after, fence
         )
         fence.add_done_callback(self._wake_loop)
         self._fence = fence
@@ -667,6 +674,7 @@ class Processor:
         """No transaction is open any more (sealed, aborted, or lost with its producer)."""
         self._txn_open = False
         self._kafka_open = False
+        self._refenced = False
         self._eager_since = None
         self._eager_work = False
         self._producing = False
