@@ -5,7 +5,7 @@ records when the processor stamped it (``timestamp``, the processor's clock at t
 when the client saw it committed on the events topic, both relative to the client's ``start``
 call; prints the median of each over the runs, plus the worker's commit and decision means.
 
-Usage: ``python -m benchmarks.latency_trace [--runs 30] [--set COMMIT_INTERVAL_MS=1]``
+Usage: ``python -m benchmarks.latency_trace [--runs 30] [--set COMMIT_INTERVAL_MS=1] [--slowest 5]``
 """
 
 from __future__ import annotations
@@ -76,6 +76,9 @@ def main() -> None:
         help="pause between runs (0: back to back, as the workload)",
     )
     parser.add_argument("--set", type=_setting, action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument(
+        "--slowest", type=int, default=0, help="also print the timelines of the N slowest runs"
+    )
     args = parser.parse_args()
     env = {f"FLOWSTREAM_{k.upper()}": v for k, v in args.set}
     started = harness.ensure_broker()
@@ -95,6 +98,10 @@ def main() -> None:
         visible = statistics.median(t[index][2] for t in timelines)
         print(f"{index + 1:>3} {kind:<18} {appended:>9.1f} {visible:>9.1f}")
     print(f"worker: {counters}")
+    if args.slowest:
+        print(f"the {args.slowest} slowest runs (appended/visible ms per event):")
+        for timeline in sorted(timelines, key=lambda t: t[-1][2])[-args.slowest :]:
+            print("  " + " ".join(f"{a:.1f}/{v:.1f}" for _, a, v in timeline))
 
 
 if __name__ == "__main__":

@@ -179,11 +179,8 @@ def main() -> None:
                 workload.main(["embedded", "--sync", sync, "--out", str(out), *quick])
             for workers, eager in (("1", False), ("1", True), ("2", False), ("2", True)):
                 settings = ["--set", "EAGER_STEPS=true"] if eager else []
-                rows = workload.main(
-                    ["kafka", "--workers", workers, "--keep-broker", "--out", str(out)]
-                    + settings
-                    + quick
-                )
+                command = ["kafka", "--workers", workers, "--keep-broker", "--out", str(out)]
+                rows = workload.main([*command, *settings, *quick])
                 if workers == "1" and not eager:
                     tp_x1 = max(r["tp_wf_per_s"] for r in rows if "tp_wf_per_s" in r)
             if args.peers:
