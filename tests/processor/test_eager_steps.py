@@ -23,6 +23,7 @@ from tests.processor.harness import (
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
 
 EAGER = {"FLOWSTREAM_EAGER_STEPS": "true"}
+STRICT = {"FLOWSTREAM_EAGER_STEPS": "false"}
 # Long enough that no short run's transaction is sealed for its age alone.
 PATIENT = {"FLOWSTREAM_COMMIT_LINGER_MS": "300", "FLOWSTREAM_COMMIT_INTERVAL_MS": "1000"}
 
@@ -33,7 +34,7 @@ def _transactions(offsets: list[tuple[int, int]]) -> int:
     return 1 + sum(1 for (_, a), (_, b) in itertools.pairwise(offsets) if b != a + 1)
 
 
-@pytest.mark.parametrize(("env", "expected"), [(EAGER, 1), ({}, 4)], ids=["eager", "strict"])
+@pytest.mark.parametrize(("env", "expected"), [(EAGER, 1), (STRICT, 4)], ids=["eager", "strict"])
 def test_a_short_run_commits_in_one_transaction_only_with_eager_steps(
     cluster: Cluster, env: dict[str, str], expected: int
 ) -> None:
@@ -60,7 +61,7 @@ def test_a_short_run_commits_in_one_transaction_only_with_eager_steps(
     }
 
 
-@pytest.mark.parametrize("env", [EAGER, {}], ids=["eager", "strict"])
+@pytest.mark.parametrize("env", [EAGER, STRICT], ids=["eager", "strict"])
 def test_runs_finish_through_commits_that_fail_and_abort(
     cluster: Cluster, env: dict[str, str]
 ) -> None:
