@@ -22,10 +22,11 @@ from tests.processor.harness import Worker, apply_topics, assert_contiguous, ste
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
 
 
-@pytest.fixture
+@pytest.fixture(params=["strict", "eager"])
 def deployment(
-    kafka_bootstrap: str, unique_prefix: str, tmp_path: Path
+    request: pytest.FixtureRequest, kafka_bootstrap: str, unique_prefix: str, tmp_path: Path
 ) -> Iterator[tuple[FlowClient, Worker, Path]]:
+    """One worker; every test runs with both step starts (after the start committed, or eager)."""
     apply_topics(kafka_bootstrap, unique_prefix)
     step_log = tmp_path / "steps.jsonl"
     worker = Worker(
@@ -35,6 +36,7 @@ def deployment(
         group=f"{unique_prefix}-group",
         state_dir=tmp_path / "state",
         step_log=step_log,
+        extra_env={"FLOWSTREAM_EAGER_STEPS": str(request.param == "eager").lower()},
     )
     settings = Settings(
         bootstrap=kafka_bootstrap, topic_prefix=unique_prefix, group=f"{unique_prefix}-client"
