@@ -9,6 +9,7 @@ import gc
 import logging
 import signal
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from flowstream.cli.local import load_runtime
@@ -76,6 +77,21 @@ def _print_tasks() -> None:
 GC_THRESHOLDS = (50_000, 20, 100)
 
 
+def worker_settings(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:
+    """The worker's settings: ``FLOWSTREAM_*`` variables, overridden by the options given."""
+    return Settings.from_env(
+        environ,
+        bootstrap=args.bootstrap,
+        group=args.group,
+        topic_prefix=args.topic_prefix,
+        state_dir=args.state_dir,
+        instance_id=args.instance_id,
+        metrics_port=args.metrics_port,
+        app=args.app,
+        eager_steps=args.eager_steps,
+    )
+
+
 def _worker(args: argparse.Namespace) -> int:
     from flowstream.processor.loop import Processor
 
@@ -86,16 +102,7 @@ def _worker(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    settings = Settings.from_env(
-        bootstrap=args.bootstrap,
-        group=args.group,
-        topic_prefix=args.topic_prefix,
-        state_dir=args.state_dir,
-        instance_id=args.instance_id,
-        metrics_port=args.metrics_port,
-        app=args.app,
-        eager_steps=args.eager_steps,
-    )
+    settings = worker_settings(args)
     runtimes = runtimes_from(args.app if args.app or not args.build else None, args.build)
     if args.app is None and not args.build:
         runtimes = runtimes_from(settings.app, [])
