@@ -180,6 +180,9 @@ class Owned:
     events_end: int | None = None
     fired: dict[tuple[str, str, str], float] = field(default_factory=dict)
     outbox: list[tuple[str, str, int]] = field(default_factory=list)
+    # Step attempts this owner started and has no outcome of yet. Per owner: a task left from
+    # an earlier owner of the partition number (before a reset) never blocks this one's.
+    inflight: set[tuple[str, str, int]] = field(default_factory=set)
     # What the transaction being committed holds: its steps and consumer positions.
     sealed_outbox: list[tuple[str, str, int]] = field(default_factory=list)
     sealed_positions: dict[str, int] = field(default_factory=dict)
@@ -213,7 +216,6 @@ class Processor:
         # Step attempts running in this process, by (partition, run, step, attempt). They survive
         # a rebalance: if the partition comes back, the result is still recorded (the restored
         # history decides whether it is stale); if it went elsewhere, the result is dropped.
-        self._inflight: set[tuple[int, str, str, int]] = set()
         self._results: deque[_StepResult] = deque()
         self._held_results: dict[int, list[_StepResult]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -781,8 +783,8 @@ class Processor:
         still running."""
         if not self.settings.eager_steps:
             return bool(owned.sealed_outbox)
-        inflight = self._inflight
-        return any((owned.partition, *item) in inflight for item in owned.sealed_outbox)
+        inflight = owned.inflight
+        return any(item in inflight for item in owned.sealed_outbox)
 
     def _commit_blocking(
         self,
@@ -849,11 +851,10 @@ class Processor:
                 continue
             owned.store.commit_sealed(events_end.get(owned.partition))
             owned.committed = owned.sealed_positions
-            for run_id, step_id, attempt in owned.sealed_outbox if start_steps else ():
-                key = (owned.partition, run_id, step_id, attempt)
-                if key not in self._inflight:
-                    self._inflight.add(key)
-                    self._start_step(owned, run_id, step_id, attempt)
+            for item in owned.sealed_outbox if start_steps else ():
+                if item not in owned.inflight:
+                    owned.inflight.add(item)
+                    self._start_step(owned, *item)
             owned.sealed_outbox = []
         self._sealed = []
         self.metrics.transaction_seconds.observe(time.monotonic() - self._commit_began)
@@ -1556,12 +1557,11 @@ class Processor:
         or at once with ``eager_steps``; the outbox then only names the partitions to anchor."""
         for step_id, attempt in steps:
             item = (run_id, step_id, attempt)
-            key = (owned.partition, *item)
-            if key in self._inflight or item in owned.outbox:
+            if item in owned.inflight or item in owned.outbox:
                 continue
             owned.outbox.append(item)
             if self.settings.eager_steps:
-                self._inflight.add(key)
+                owned.inflight.add(item)
                 self._start_step(owned, run_id, step_id, attempt)
 
     def _start_step(self, owned: Owned, run_id: str, step_id: str, attempt: int) -> None:
@@ -1577,12 +1577,12 @@ class Processor:
         task.add_done_callback(done)
 
     async def _run_step(self, owned: Owned, run_id: str, step_id: str, attempt: int) -> None:
-        key = (owned.partition, run_id, step_id, attempt)
+        item = (run_id, step_id, attempt)
         try:
             async with self._step_slots:
                 state = self._attempt_state(owned, run_id, step_id, attempt)
                 if state is None:
-                    self._inflight.discard(key)
+                    owned.inflight.discard(item)
                     self.metrics.step_attempts.labels(outcome="not_started").inc()
                     return
                 runtime = owned.engine.runtimes[state.spec.runtime_build_id]
@@ -1598,15 +1598,15 @@ class Processor:
                     executor=self._executor,
                 )
         except Exception:  # the partition was revoked and its store closed meanwhile
-            self._inflight.discard(key)
+            owned.inflight.discard(item)
             if self._owned.get(owned.partition) is owned:
                 raise
             return
         if outcome is None:
-            self._inflight.discard(key)
+            owned.inflight.discard(item)
             self.metrics.step_attempts.labels(outcome="not_started").inc()
             return
-        self._results.append((owned.partition, run_id, step_id, attempt, outcome))
+        self._results.append((owned, run_id, step_id, attempt, outcome))
 
     def _attempt_state(
         self, owned: Owned, run_id: str, step_id: str, attempt: int
@@ -1621,19 +1621,22 @@ class Processor:
 
     async def _step_result(
         self,
-        partition: int,
+        source: Owned,
         run_id: str,
         step_id: str,
         attempt: int,
         outcome: tuple[Any, str | None, bool],
     ) -> None:
-        owned = self._owned.get(partition)
+        """Record an attempt's outcome with the partition's current owner: ``source`` started
+        it, maybe before a reset replaced it (the outcome still saves running the step again;
+        the engine records it only while the attempt is running)."""
+        source.inflight.discard((run_id, step_id, attempt))
+        owned = self._owned.get(source.partition)
         if owned is not None and owned.restoring:
-            self._held_results.setdefault(partition, []).append(
-                (partition, run_id, step_id, attempt, outcome)
+            self._held_results.setdefault(source.partition, []).append(
+                (source, run_id, step_id, attempt, outcome)
             )
             return
-        self._inflight.discard((partition, run_id, step_id, attempt))
         if owned is None or not owned.store.exists(run_id):  # gone, or its start aborted
             self.metrics.step_attempts.labels(outcome="dropped").inc()
             return
@@ -1703,7 +1706,7 @@ class Processor:
                 )
 
 
-_StepResult = tuple[int, str, str, int, tuple[Any, str | None, bool]]
+_StepResult = tuple[Owned, str, str, int, tuple[Any, str | None, bool]]
 
 
 def _patiently(operation: Callable[[], Any], *, attempts: int = 6) -> Any:

@@ -42,7 +42,7 @@ def _log(invocation: StepInvocation) -> None:
 
 class ThreeSteps:
     """validate → reserve → charge; options in the input add a signal, a timer, slow steps,
-    a failing-once step with a delayed retry."""
+    steps held until a file exists, a failing-once step with a delayed retry."""
 
     def run_workflow(self, invocation: WorkflowInvocation) -> RuntimeCommand:
         ctx = invocation.context()
@@ -83,6 +83,9 @@ class ThreeSteps:
             options = raw
         if options.get("step_sleep_ms"):
             time.sleep(int(options["step_sleep_ms"]) / 1000)
+        if options.get("hold_file"):  # the test creates it to let held steps finish
+            while not os.path.exists(str(options["hold_file"])):
+                time.sleep(0.02)
         if options.get("flaky") == invocation.step_id and invocation.attempt == 1:
             raise ConnectionError("flaky dependency")
         return {"step": invocation.step_id, "attempt": invocation.attempt, "n": len(str(origin))}

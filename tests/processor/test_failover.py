@@ -9,6 +9,7 @@ import shutil
 import signal
 import time
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -267,3 +268,53 @@ def test_a_transactional_call_that_never_returns_costs_a_new_producer(cluster: C
     wait_until(lambda: "the producer hangs" in worker.output(), 90, "the hang was not noticed")
     _finish_after_fencing(cluster, worker, load)
     assert worker.stop(timeout=20) == 0, worker.output()[-3000:]
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{"FLOWSTREAM_EAGER_STEPS": "false"}, {"FLOWSTREAM_EAGER_STEPS": "true"}],
+    ids=["strict", "eager"],
+)
+def test_steps_in_flight_when_the_producer_is_replaced_run_for_the_new_owner(
+    cluster: Cluster, env: dict[str, str], tmp_path: Path
+) -> None:
+    # One step slot: run a's step holds it until the file exists, run b's waits for it. The
+    # reset replaces every partition's owner while both tasks belong to the old one: b's task
+    # then never starts (its owner is gone), so the new owner must run b's attempt itself.
+    worker = cluster.start("f3", {**env, "FLOWSTREAM_STEP_CONCURRENCY": "1"})
+    release = tmp_path / "release"
+    held = ["hold-a", "hold-b"]
+    for run_id in held:
+        cluster.client.start(run_id, SPEC, {"hold_file": str(release)})
+        cluster.client.flush()
+        time.sleep(0.3)  # a takes the slot first
+
+    def both_started() -> bool:
+        return sum(
+            e.event.type == "step_started" and e.run_id in held
+            for e, _ in committed_events(cluster.bootstrap, cluster.prefix, 8)
+        ) == len(held)
+
+    wait_until(both_started, 60, "the held steps were never started\n" + cluster.logs())
+    assert [e["run"] for e in step_log(cluster.step_log)] == ["hold-a"]
+    restores = worker.output().count("restored in")
+    for suffix in ("", ".1"):  # both of the processor's transactional ids
+        usurper = clients.new_transactional_producer(
+            cluster.bootstrap, f"{cluster.prefix}-group-f3{suffix}"
+        )
+        usurper.init_transactions(30)
+    cluster.client.start("after-reset", SPEC, {})  # its transaction meets the fence
+    cluster.client.flush()
+    wait_until(lambda: FENCED in worker.output(), 60, "never fenced\n" + cluster.logs())
+    wait_until(
+        lambda: worker.output().count("restored in") > restores,
+        60,
+        "the partitions were not taken again\n" + cluster.logs(),
+    )
+    release.touch()
+    run_ids = [*held, "after-reset"]
+    results = cluster.client.wait_all(run_ids, timeout=60)
+    assert {r.status.value for r in results.values()} == {"completed"}, cluster.logs()
+    _check_invariants(cluster, run_ids)
+    _committed_steps_never_rerun(cluster, run_ids)
+    assert "Traceback" not in worker.output(), cluster.logs()
