@@ -34,6 +34,13 @@ from tests.support import envelope
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
+# Steps started once their step_started committed (the default), or as soon as decided.
+both_modes = pytest.mark.parametrize(
+    "env",
+    [{"FLOWSTREAM_EAGER_STEPS": "false"}, {"FLOWSTREAM_EAGER_STEPS": "true"}],
+    ids=["strict", "eager"],
+)
+
 
 def _check_invariants(cluster: Cluster, run_ids: list[str]) -> list[tuple[str, int, str, str]]:
     records = raw_events(cluster.bootstrap, cluster.prefix, cluster.client.partitions)
@@ -68,11 +75,7 @@ def _committed_steps_never_rerun(cluster: Cluster, run_ids: list[str]) -> None:
             pytest.fail(f"{run_id}: {mine}\n{history}\n{cluster.logs()}")
 
 
-@pytest.mark.parametrize(
-    "env",
-    [{"FLOWSTREAM_EAGER_STEPS": "false"}, {"FLOWSTREAM_EAGER_STEPS": "true"}],
-    ids=["strict", "eager"],
-)
+@both_modes
 def test_sigkill_one_of_three_processors_under_load(cluster: Cluster, env: dict[str, str]) -> None:
     # Eager: the killed processor ran steps whose step_started never committed; the heirs run
     # them again, and still no step whose outcome committed ever runs again.
@@ -270,11 +273,7 @@ def test_a_transactional_call_that_never_returns_costs_a_new_producer(cluster: C
     assert worker.stop(timeout=20) == 0, worker.output()[-3000:]
 
 
-@pytest.mark.parametrize(
-    "env",
-    [{"FLOWSTREAM_EAGER_STEPS": "false"}, {"FLOWSTREAM_EAGER_STEPS": "true"}],
-    ids=["strict", "eager"],
-)
+@both_modes
 def test_steps_in_flight_when_the_producer_is_replaced_run_for_the_new_owner(
     cluster: Cluster, env: dict[str, str], tmp_path: Path
 ) -> None:
