@@ -217,6 +217,10 @@ class Processor:
         # a rebalance: if the partition comes back, the result is still recorded (the restored
         # history decides whether it is stale); if it went elsewhere, the result is dropped.
         self._results: deque[_StepResult] = deque()
+        # (partition, run, step, attempt) whose handler runs in this process, or whose outcome
+        # waits in ``_results``: whichever owner holds the partition records that outcome, so
+        # no owner starts the attempt a second time meanwhile.
+        self._handling: set[tuple[int, str, str, int]] = set()
         self._held_results: dict[int, list[_StepResult]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._step_slots = asyncio.Semaphore(settings.step_concurrency)
@@ -852,9 +856,7 @@ class Processor:
             owned.store.commit_sealed(events_end.get(owned.partition))
             owned.committed = owned.sealed_positions
             for item in owned.sealed_outbox if start_steps else ():
-                if item not in owned.inflight:
-                    owned.inflight.add(item)
-                    self._start_step(owned, *item)
+                self._start_attempt(owned, item)
             owned.sealed_outbox = []
         self._sealed = []
         self.metrics.transaction_seconds.observe(time.monotonic() - self._commit_began)
@@ -1561,8 +1563,31 @@ class Processor:
                 continue
             owned.outbox.append(item)
             if self.settings.eager_steps:
-                owned.inflight.add(item)
-                self._start_step(owned, run_id, step_id, attempt)
+                self._start_attempt(owned, item)
+
+    def _start_attempt(self, owned: Owned, item: tuple[str, str, int]) -> None:
+        """Start a task for the attempt unless ``owned`` has one, or a task of an earlier owner
+        of the partition (before a rebalance or a reset) runs its handler: its outcome comes to
+        ``owned`` (``_step_result``), or, if it never starts, ``_hand_over`` starts it here."""
+        if item in owned.inflight or (owned.partition, *item) in self._handling:
+            return
+        owned.inflight.add(item)
+        self._start_step(owned, *item)
+
+    def _hand_over(self, source: Owned, item: tuple[str, str, int]) -> None:
+        """A task of ``source`` ended without an outcome: if the partition's current owner
+        has the attempt running, and would not start it itself (already committed in the
+        default mode, or eager), it starts it now."""
+        owned = self._owned.get(source.partition)
+        if owned is None or owned is source or owned.restoring:
+            return  # gone, or a restore drives every running run anyway
+        if not self.settings.eager_steps and (item in owned.outbox or item in owned.sealed_outbox):
+            return  # started when its step_started commits
+        run_id, step_id, attempt = item
+        if owned.store.exists(run_id) and owned.store.state(run_id).attempt_running(
+            step_id, attempt
+        ):
+            self._start_attempt(owned, item)
 
     def _start_step(self, owned: Owned, run_id: str, step_id: str, attempt: int) -> None:
         task = asyncio.ensure_future(self._run_step(owned, run_id, step_id, attempt))
@@ -1578,13 +1603,16 @@ class Processor:
 
     async def _run_step(self, owned: Owned, run_id: str, step_id: str, attempt: int) -> None:
         item = (run_id, step_id, attempt)
+        key = (owned.partition, *item)
         try:
             async with self._step_slots:
                 state = self._attempt_state(owned, run_id, step_id, attempt)
                 if state is None:
                     owned.inflight.discard(item)
                     self.metrics.step_attempts.labels(outcome="not_started").inc()
+                    self._hand_over(owned, item)
                     return
+                self._handling.add(key)
                 runtime = owned.engine.runtimes[state.spec.runtime_build_id]
                 outcome = await call_step(
                     runtime,
@@ -1599,12 +1627,16 @@ class Processor:
                 )
         except Exception:  # the partition was revoked and its store closed meanwhile
             owned.inflight.discard(item)
+            self._handling.discard(key)
             if self._owned.get(owned.partition) is owned:
                 raise
+            self._hand_over(owned, item)
             return
         if outcome is None:
             owned.inflight.discard(item)
+            self._handling.discard(key)
             self.metrics.step_attempts.labels(outcome="not_started").inc()
+            self._hand_over(owned, item)
             return
         self._results.append((owned, run_id, step_id, attempt, outcome))
 
@@ -1631,6 +1663,7 @@ class Processor:
         it, maybe before a reset replaced it (the outcome still saves running the step again;
         the engine records it only while the attempt is running)."""
         source.inflight.discard((run_id, step_id, attempt))
+        self._handling.discard((source.partition, run_id, step_id, attempt))
         owned = self._owned.get(source.partition)
         if owned is not None and owned.restoring:
             self._held_results.setdefault(source.partition, []).append(

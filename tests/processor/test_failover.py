@@ -279,14 +279,15 @@ def test_steps_in_flight_when_the_producer_is_replaced_run_for_the_new_owner(
 ) -> None:
     # One step slot: run a's step holds it until the file exists, run b's waits for it. The
     # reset replaces every partition's owner while both tasks belong to the old one: b's task
-    # then never starts (its owner is gone), so the new owner must run b's attempt itself.
+    # then never starts (its owner is gone), so the new owner must run b's attempt itself;
+    # a's handler is already running, so the new owner takes its outcome.
     worker = cluster.start("f3", {**env, "FLOWSTREAM_STEP_CONCURRENCY": "1"})
     release = tmp_path / "release"
     held = ["hold-a", "hold-b"]
     for run_id in held:
         cluster.client.start(run_id, SPEC, {"hold_file": str(release)})
         cluster.client.flush()
-        time.sleep(0.3)  # a takes the slot first
+        wait_until(lambda: step_log(cluster.step_log), 90, "a's step never ran")  # a first
 
     def both_started() -> bool:
         return sum(
@@ -316,4 +317,8 @@ def test_steps_in_flight_when_the_producer_is_replaced_run_for_the_new_owner(
     assert {r.status.value for r in results.values()} == {"completed"}, cluster.logs()
     _check_invariants(cluster, run_ids)
     _committed_steps_never_rerun(cluster, run_ids)
+    # a's handler was running through the reset: the new owner recorded its outcome instead
+    # of running the attempt again.
+    ran = [(e["run"], e["step"]) for e in step_log(cluster.step_log)]
+    assert sorted(ran) == sorted((r, s) for r in run_ids for s in ("validate", "reserve", "charge"))
     assert "Traceback" not in worker.output(), cluster.logs()
