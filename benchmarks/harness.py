@@ -442,9 +442,12 @@ def machine() -> dict[str, Any]:
     """The flowstream commit, cores, load average and the fsync cost right now (the machine is
     shared and noisy)."""
     load1, load5, _ = os.getloadavg()
-    commit = subprocess.run(
-        ["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout
+
+    # Dirty means code changed: the results file these figures go to does not count.
+    changed = git("status", "--porcelain", "--", ".", ":(exclude)benchmarks/results")
+    commit = git("rev-parse", "--short=7", "HEAD").strip() + ("-dirty" if changed.strip() else "")
     return {
         "commit": commit,
         "cores": os.cpu_count(),
