@@ -1302,9 +1302,11 @@ class Processor:
             return
         topic = message.topic()
         began = time.perf_counter()
+        # Moved before the transaction begins: a transaction this command opens sends the
+        # moved position with its first fence, not again once the fence went through.
+        owned.positions[topic] = message.offset() + 1
         self._begin()
         self._txn_commands += 1
-        owned.positions[topic] = message.offset() + 1
         raw = message.value() or b""
         inbox_id = f"{topic}:{partition}:{message.offset()}"
         outcome = "applied"
