@@ -451,8 +451,7 @@ class Processor:
             await self._restore_slice()
         for message in messages:
             await self._command(message)
-        while self._results:
-            await self._step_result(*self._results.popleft())
+        await self._chain_results()
         if self._redrive:
             await self._drive_again()
         self._fire_timers()
@@ -470,6 +469,21 @@ class Processor:
             self._start_commit()
         elif self._eager_idle():
             self._start_commit()  # nothing joined it: commit the positions alone, do not reopen
+
+    async def _chain_results(self) -> None:
+        """Record the steps' outcomes, then let the steps those decisions started run, and
+        record theirs within this same iteration: a step that finishes without waiting (an
+        async handler, or ``inline_sync_steps``) moves its run on at once instead of one
+        iteration (up to a whole batch of commands) later, so a short run's steps all join one
+        transaction. Bounded, so a commit that is due is not held back."""
+        for round_ in range(_CHAIN_ROUNDS):
+            while self._results:
+                await self._step_result(*self._results.popleft())
+            if not self._tasks or round_ == _CHAIN_ROUNDS - 1:
+                return
+            await asyncio.sleep(0)  # the steps started above run up to their first real wait
+            if not self._results:
+                return
 
     def _eager_idle(self) -> bool:
         # Set only once a commit settled; a decision, a seal, an abort or a reset clears it.
@@ -1774,6 +1788,10 @@ def _retrying(operation: Callable[[], object], *, attempts: int = 10) -> None:
 #: An eager transaction (begun right after a commit that carried decisions) that no decision
 #: joined within this long commits alone, well inside any transaction timeout.
 _EAGER_IDLE_S = 0.2
+
+# Rounds of (outcomes recorded, steps run) one iteration goes through: a run of up to this many
+# short sequential steps can complete within one iteration.
+_CHAIN_ROUNDS = 8
 
 #: More producer resets than this within the window mean another process has this instance id.
 _MAX_RESETS = 10
