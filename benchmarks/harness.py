@@ -442,6 +442,7 @@ def machine() -> dict[str, Any]:
     """The flowstream commit, cores, load average and the fsync cost right now (the machine is
     shared and noisy)."""
     load1, load5, _ = os.getloadavg()
+
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout
 

@@ -165,6 +165,8 @@ async def run_kafka(args: argparse.Namespace) -> list[dict[str, Any]]:
         label = f"flowstream-kafka-x{args.workers}"
         if env.get("FLOWSTREAM_EAGER_STEPS", "").lower() in ("1", "true"):
             label += "-eager"
+        if env.get("FLOWSTREAM_INLINE_SYNC_STEPS", "").lower() in ("1", "true"):
+            label += "-inline"
         for run in range(1, args.runs + 1):
             result = await measure(run_one, args.lat, args.tp, args.conc, args.warmup)
             records.append({"peer": label, "run": str(run), **result, **context})
