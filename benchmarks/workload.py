@@ -163,10 +163,9 @@ async def run_kafka(args: argparse.Namespace) -> list[dict[str, Any]]:
             return output if kind == "run_completed" else kind
 
         label = f"flowstream-kafka-x{args.workers}"
-        if env.get("FLOWSTREAM_EAGER_STEPS", "").lower() in ("1", "true"):
-            label += "-eager"
-        if env.get("FLOWSTREAM_INLINE_SYNC_STEPS", "").lower() in ("1", "true"):
-            label += "-inline"
+        for setting, suffix in (("EAGER_STEPS", "-eager"), ("INLINE_SYNC_STEPS", "-inline")):
+            if env.get(f"FLOWSTREAM_{setting}", "").lower() in ("1", "true"):
+                label += suffix
         for run in range(1, args.runs + 1):
             result = await measure(run_one, args.lat, args.tp, args.conc, args.warmup)
             records.append({"peer": label, "run": str(run), **result, **context})
