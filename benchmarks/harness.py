@@ -290,8 +290,15 @@ class RunTracker:
                 if headers.get("flowstream-record", b"event") != b"event":
                     continue
                 now = time.monotonic()
-                envelope = codec.decode_event(message.value() or b"")
+                data = message.value() or b""
                 self.events_seen += 1
+                if not self._listeners:
+                    # Only a terminal event resolves anything: the others are skipped after
+                    # their first bytes, as a client waiting for results would.
+                    head = codec.event_head(data)
+                    if head is not None and head[2] not in TERMINAL:
+                        continue
+                envelope = codec.decode_event(data)
                 writer = headers.get("flowstream-writer", b"").decode()
                 for callback in self._listeners:
                     callback(envelope, now, message.partition(), writer)

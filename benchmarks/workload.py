@@ -11,7 +11,8 @@ Modes, durable settings only:
 * ``embedded``: ``FlowEngine`` over ``RocksDBEventStore`` in this process; a run's result is
   the snapshot ``engine.start`` returns. ``--sync group`` (the store's default: appends are
   fsynced together, before any step runs and before a state is reported) or ``--sync always``
-  (one fsync per append).
+  (one fsync per append). ``--eager-steps`` starts a step before its ``step_started`` is
+  fsynced (``FlowEngine(eager_steps=True)``); the state ``start`` returns is still durable.
 * ``kafka``: ``--workers`` ``flowstream worker`` processes on the bench broker (replication 1,
   transactions on); runs are started with ``FlowClient.start`` and a result is the run's terminal
   event read back from the events topic (``read_committed``).
@@ -99,11 +100,13 @@ async def run_embedded(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     records = []
     label = "flowstream-embedded" if args.sync == "group" else f"flowstream-embedded-{args.sync}"
+    if args.eager_steps:
+        label += "-eager"
     usage = harness.SelfUsage()
     context = harness.machine()
     with tempfile.TemporaryDirectory(dir=args.data_dir) as directory:
         store = RocksDBEventStore(directory, sync=args.sync)
-        engine = FlowEngine(store, runtime)
+        engine = FlowEngine(store, runtime, eager_steps=args.eager_steps)
 
         async def run_one(run_id: str, inp: dict[str, Any]) -> Any:
             snapshot = await engine.start(run_id, SPEC, inp)
@@ -261,6 +264,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="group",
         help="embedded: RocksDB durability; group = one fsync shared by the appends waiting "
         "together (the store's default), always = one fsync per append",
+    )
+    parser.add_argument(
+        "--eager-steps",
+        action="store_true",
+        help="embedded: start a step without waiting for the fsync of its step_started",
     )
     parser.add_argument("--lat", type=int, default=200)
     parser.add_argument("--tp", type=int, default=1000)

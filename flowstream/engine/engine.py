@@ -133,6 +133,7 @@ class FlowEngine:
         max_replay_iterations: int = 1_000_000,
         max_child_depth: int = 32,
         on_conflict: Callable[[], None] | None = None,
+        eager_steps: bool = False,
     ) -> None:
         if max_replay_iterations < 1:
             raise ValueError("max_replay_iterations must be at least 1")
@@ -144,6 +145,10 @@ class FlowEngine:
         self._max_child_depth = max_child_depth
         #: Called for every lost append_if_sequence race (the cycle then replays); for metrics.
         self.on_conflict = on_conflict
+        #: Start a step's handler without waiting for its ``step_started`` to be durable (the
+        #: state a call returns still is). A crash can then lose the record of an attempt whose
+        #: handler ran: the step runs again with the same attempt and idempotency key.
+        self.eager_steps = eager_steps
 
     # -- runs -----------------------------------------------------------------------------
 
@@ -575,7 +580,8 @@ class FlowEngine:
                 if decision.events:
                     self.store.append_if_sequence(run_id, expected, decision.events)
                 if decision.run_steps:
-                    await self.store.wait_durable()  # step_started is durable before any handler
+                    if not self.eager_steps:  # step_started is durable before any handler
+                        await self.store.wait_durable()
                     if await self._run_steps(run_id, decision.run_steps, now):
                         continue
                     return self.store.state(run_id)

@@ -24,6 +24,7 @@ from flowstream.model.spec import RetryPolicy
 from flowstream.replay.context import StepInvocation, WorkflowContext
 from flowstream.replay.state import Wakeup
 from flowstream.stores.base import EventStore
+from flowstream.stores.memory import MemoryEventStore
 from tests.support import EPOCH, Crash, FakeClock, event_types, events_of, make_runtime, run, spec
 from tests.support.stores import StoreFactory
 
@@ -72,6 +73,48 @@ def test_step_created_and_started_are_durable_before_the_handler_runs(
     engine = FlowEngine(store, make_runtime(one_step(), {"work": work}), clock=clock)
     run(engine.start("r1", SPEC))
     assert seen == [["run_created", "run_started", "step_created", "step_started"]]
+
+
+class _GroupCommitStore(MemoryEventStore):
+    """A memory store that tracks what ``wait_durable`` has covered, as a group-commit store
+    (RocksDB's default) would: appends become durable only when a host waits for them."""
+
+    def __init__(self, *, clock: FakeClock) -> None:
+        super().__init__(clock=clock)
+        self.appends = 0
+        self.durable = 0
+
+    def append_if_sequence(self, run_id, expected_sequence, events):  # type: ignore[no-untyped-def]
+        appended = super().append_if_sequence(run_id, expected_sequence, events)
+        self.appends += 1
+        return appended
+
+    async def wait_durable(self) -> None:
+        self.durable = self.appends
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["strict", "eager"])
+def test_eager_steps_start_the_handler_before_its_record_is_durable_never_the_result(
+    clock: FakeClock, eager: bool
+) -> None:
+    store = _GroupCommitStore(clock=clock)
+    at_handler: list[tuple[int, int]] = []
+
+    def work(invocation: StepInvocation) -> object:
+        at_handler.append((store.durable, store.appends))
+        return 1
+
+    engine = FlowEngine(
+        store, make_runtime(one_step(), {"work": work}), clock=clock, eager_steps=eager
+    )
+    snapshot = run(engine.start("r1", SPEC))
+    [(durable, appended)] = at_handler
+    if eager:
+        assert durable < appended  # step_started was not waited for
+    else:
+        assert durable == appended  # every append, step_started included, was durable
+    assert snapshot.output == 1
+    assert store.durable == store.appends  # the state start() reports is durable either way
 
 
 def test_step_invocation_carries_identity_attempt_input_and_key(
