@@ -188,7 +188,11 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
     waits = [first_progress(r, killed_at) for r in in_flight]
     # Every run on the victim's partitions waited: those in flight from the kill, later ones
     # from their start. The failover time is the longest of those waits.
-    stuck = sum(w is None for w in waits)
+    # A run with no event from the survivor either ended in the killed worker's last commit
+    # (visible only after the kill) or never progressed at all.
+    silent = [r for r, w in zip(in_flight, waits, strict=True) if w is None]
+    ended_by_victim = sum(r in follow.ended for r in silent)
+    stuck = len(silent) - ended_by_victim
     waits_s = [w for w in waits if w is not None]
     new_runs = [
         r
@@ -207,6 +211,7 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
         "in_flight_max_s": round(max(waits_s), 2) if waits_s else None,
         "in_flight_median_s": round(statistics.median(waits_s), 2) if waits_s else None,
         "never_progressed": stuck,
+        "ended_in_killed_commit": ended_by_victim,
         "survivor_owns_all_s": round(owned_all_at - killed_at, 2) if owned_all_at else None,
         "group_states": watch.since(killed_at),
         "new_runs_on_victim": len(new_runs),
@@ -238,8 +243,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f"{record['in_flight_max_s']} s, median {record['in_flight_median_s']} s; "
         f"{record['new_runs_on_victim']} started after it: worst "
         f"{record['new_run_first_event_max_s']} s from their start); survivor owned all "
-        f"partitions after {record['survivor_owns_all_s']} s; {record['never_progressed']} "
-        f"never progressed; {record['runs_finished']}/{record['runs_started']} runs finished"
+        f"partitions after {record['survivor_owns_all_s']} s; "
+        f"{record['ended_in_killed_commit']} ended in the killed worker's last commit, "
+        f"{record['never_progressed']} never progressed; "
+        f"{record['runs_finished']}/{record['runs_started']} runs finished"
     )
     print(f"group state/members after the kill: {', '.join(record['group_states'])}")
     harness.emit(record, args.out)
