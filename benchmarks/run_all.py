@@ -227,7 +227,7 @@ def main() -> None:
                 rerun_peers(args.peers, out)
         if "replay" in only:
             sizes = [100, 1000] if args.quick else [100, 1000, 10000]
-            replay_scaling.run(["rocksdb", "memory"], sizes, str(out))
+            replay_scaling.run(list(replay_scaling.STORES), sizes, str(out))
         if "restore" in only:
             restore.run(12_000 if args.quick else 100_000, 1 if args.quick else 2, 300, str(out))
         if "failover" in only:
