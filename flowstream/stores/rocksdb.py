@@ -8,9 +8,10 @@ Key layout (one RocksDB, raw bytes):
 ``h<token digest>``             ``<run_id>\\0<hook_id>`` of the hook that claimed the token
 
 An append and every index change it causes go in one ``WriteBatch``. With ``sync="group"`` (the
-default) batches go to the write-ahead log at once and ``wait_durable`` fsyncs it for every append
-made so far, one fsync shared by all the runs that wait together (group commit); ``sync="always"``
-fsyncs every batch. Only this module imports ``rocksdict``.
+default) the appends made until the next ``wait_durable`` collect in one batch, written before
+that fsync (or before any read of the database), so all the runs that wait together share one
+write and one fsync (group commit); ``sync="always"`` writes and fsyncs every append's batch.
+Only this module imports ``rocksdict``.
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ class RocksDBEventStore(EventStore):
         self._write_options.sync = sync in ("always", True)
         self._written = 0
         self._synced = 0
+        self._pending: WriteBatch | None = None
         self._earliest: Wakeup | _Unknown | None = _UNKNOWN
         self._cache_runs = cache_runs
         self._closed = False
@@ -122,6 +124,7 @@ class RocksDBEventStore(EventStore):
     # -- reads ---------------------------------------------------------------------------------
 
     def _scan(self, prefix: bytes, end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        self._write_pending()
         for raw_key, value in self._db.items(from_key=prefix):
             key = bytes(raw_key)  # type: ignore[arg-type]  # raw mode yields bytes
             if not key.startswith(prefix) or (end is not None and key > end):
@@ -151,6 +154,7 @@ class RocksDBEventStore(EventStore):
 
     def _load(self, run_id: str) -> list[EventEnvelope] | None:
         run_key = run_id.encode()
+        self._write_pending()
         if self._db.get(b"r" + run_key) is None:  # a point lookup is cheaper than a scan
             return None
         prefix = b"e" + run_key + b"\0"
@@ -168,6 +172,7 @@ class RocksDBEventStore(EventStore):
             ) from exc
 
     def _hook_owner(self, token_digest: str) -> tuple[str, str] | None:
+        self._write_pending()
         raw = self._db.get(b"h" + token_digest.encode())
         if raw is None:
             return None
@@ -183,14 +188,34 @@ class RocksDBEventStore(EventStore):
         encoded: list[bytes],
         changes: IndexChanges,
     ) -> None:
-        batch = WriteBatch(raw_mode=True)
-        put_append(batch, run_id, envelopes, encoded, changes)
-        self._db.write(batch, self._write_options)
+        if self._write_options.sync:
+            batch = WriteBatch(raw_mode=True)
+            put_append(batch, run_id, envelopes, encoded, changes)
+            self._db.write(batch, self._write_options)
+        else:
+            # Group commit: the appends that will share an fsync share one write as well; it
+            # happens before the fsync, or before any read of the database.
+            if self._pending is None:
+                self._pending = WriteBatch(raw_mode=True)
+            put_append(self._pending, run_id, envelopes, encoded, changes)
         if changes.added_wakeups or changes.removed_wakeups:
             self._forget_earliest()
         self._written += 1
         if self._write_options.sync:
             self._synced = self._written
+
+    def _write_pending(self) -> None:
+        """Write the appends held for the next group commit (not yet fsynced)."""
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            try:
+                self._db.write(pending, self._write_options)
+            except BaseException:
+                # The cached projections are ahead of the disk: read every run from it again.
+                self._states.clear()
+                self._forget_earliest()
+                raise
 
     async def wait_durable(self) -> None:
         """Group commit: one fsync of the write-ahead log covers every append made before it.
@@ -205,6 +230,7 @@ class RocksDBEventStore(EventStore):
         await asyncio.sleep(0)
         if self._synced < target and not self._closed:
             covered = self._written
+            self._write_pending()
             self._db.flush_wal(True)
             self._synced = max(self._synced, covered)
 
@@ -219,6 +245,7 @@ class RocksDBEventStore(EventStore):
                 self._closed = True
                 self._states.clear()
                 if self._synced < self._written:
+                    self._write_pending()
                     self._db.flush_wal(True)
                 self._db.close()
 
