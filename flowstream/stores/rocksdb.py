@@ -205,10 +205,14 @@ class RocksDBEventStore(EventStore):
             self._synced = self._written
 
     def _write_pending(self) -> None:
-        """Write the appends held for the next group commit (not yet fsynced)."""
-        pending = self._pending
-        if pending is not None:
-            self._pending = None
+        """Write the appends held for the next group commit (not yet fsynced). Under the
+        store's lock: another thread may be appending to the batch."""
+        if self._pending is None:
+            return
+        with self._lock:
+            pending, self._pending = self._pending, None
+            if pending is None:
+                return
             try:
                 self._db.write(pending, self._write_options)
             except BaseException:

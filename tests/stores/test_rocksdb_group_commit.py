@@ -91,3 +91,36 @@ def test_a_failed_group_write_drops_the_projections_it_had_advanced(tmp_path: Pa
     reopened = RocksDBEventStore(tmp_path / "db")
     assert list(reopened.state("r1").steps) == ["t"]
     reopened.close()
+
+
+def test_appends_from_threads_racing_group_commits_all_reach_the_disk(tmp_path: Path) -> None:
+    import threading
+
+    store = RocksDBEventStore(tmp_path / "db")
+    runs = [f"r{i}" for i in range(8)]
+    done = threading.Event()
+
+    def append(run_id: str) -> None:
+        _started(store, run_id)
+        for index in range(200):
+            store.append_if_sequence(
+                run_id, 2 + index, [StepCreated(step_id=f"s{index}", step_name="n")]
+            )
+
+    def commit() -> None:
+        while not done.is_set():
+            asyncio.run(store.wait_durable())
+
+    committer = threading.Thread(target=commit)
+    committer.start()
+    writers = [threading.Thread(target=append, args=(run_id,)) for run_id in runs]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+    done.set()
+    committer.join()
+    store.close()
+    reopened = RocksDBEventStore(tmp_path / "db")
+    assert [len(reopened.read(run_id)) for run_id in runs] == [202] * len(runs)
+    reopened.close()
