@@ -8,6 +8,7 @@ group write must not leave cached projections ahead of the disk.
 from __future__ import annotations
 
 import asyncio
+import threading
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -94,8 +95,6 @@ def test_a_failed_group_write_drops_the_projections_it_had_advanced(tmp_path: Pa
 
 
 def test_appends_from_threads_racing_group_commits_all_reach_the_disk(tmp_path: Path) -> None:
-    import threading
-
     store = RocksDBEventStore(tmp_path / "db")
     runs = [f"r{i}" for i in range(8)]
     done = threading.Event()
