@@ -42,7 +42,8 @@ from flowstream.model.events import (
 )
 from flowstream.model.snapshot import HookStatus, StepStatus, WaitStatus
 from flowstream.model.spec import DEFAULT_RETRY, RetryPolicy, WorkflowSpec
-from flowstream.replay.state import CancellationState, RunState
+from flowstream.replay.records import CancellationState
+from flowstream.replay.state import RunState
 
 __all__ = [
     "HistoryView",
