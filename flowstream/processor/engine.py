@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from datetime import datetime
 
-from flowstream.engine.engine import FlowEngine
+from flowstream.engine import FlowEngine
 from flowstream.errors import RuntimeBuildUnavailableError
 from flowstream.model.events import ChildCancellationPolicy, ParentLink
 from flowstream.model.messages import CancelRun, CommandMessage, ResolveChild, StartRun

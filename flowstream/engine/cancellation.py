@@ -1,0 +1,80 @@
+"""``Cancellation``: a run asked to cancel (workflow code cleans up), or ended at once."""
+
+from __future__ import annotations
+
+from flowstream.engine.cycle import ReplayCycle
+from flowstream.errors import EventConflictError, RunConflictError
+from flowstream.model.events import (
+    ChildCancellationPolicy,
+    ChildWorkflowResolved,
+    FlowEvent,
+    RunCancellationRequested,
+    RunCancelled,
+    TerminalOutcome,
+)
+from flowstream.model.snapshot import WorkflowRunSnapshot
+from flowstream.replay.state import RunState
+
+__all__ = ["Cancellation"]
+
+
+class Cancellation(ReplayCycle):
+    """Cancellation requests, and forced cancellation of a run and the children it blocks on."""
+
+    async def request_cancellation(
+        self, run_id: str, reason: str | None = None
+    ) -> WorkflowRunSnapshot:
+        """Durably ask the run to cancel; workflow code sees it and cleans up (idempotent)."""
+        while True:
+            state = await self._leaf(run_id)
+            if state.is_terminal:
+                return await self._reported(state)
+            if state.cancellation is not None:
+                if state.cancellation.reason != reason:
+                    raise RunConflictError(
+                        f"run {state.run_id}: cancellation request differs from the durable "
+                        "request",
+                        run_id=state.run_id,
+                    )
+                return await self.drive(state.run_id)
+            self._admit(state.run_id, state.spec)
+            event = RunCancellationRequested(reason=reason)
+            try:
+                self.store.append_if_sequence(state.run_id, state.last_sequence, [event])
+            except EventConflictError:
+                continue
+            return await self.drive(state.run_id)
+
+    async def force_cancel(self, run_id: str, reason: str | None = None) -> WorkflowRunSnapshot:
+        """End the run now without running workflow code; open children follow their policy."""
+        state = await self._force_cancel(run_id, reason, notify_parent=True)
+        return state.snapshot()
+
+    async def _force_cancel(
+        self, run_id: str, reason: str | None, *, notify_parent: bool
+    ) -> RunState:
+        while True:
+            state = await self._leaf(run_id)
+            if state.is_terminal:
+                return state
+            events: list[FlowEvent] = []
+            for child_id in state.blocking_children:
+                child = state.children[child_id]
+                if child.cancellation_policy is ChildCancellationPolicy.ABANDON:
+                    continue
+                if self.store.exists(child.run_id):
+                    child_leaf = await self._force_cancel(child.run_id, reason, notify_parent=False)
+                    outcome = child_leaf.outcome
+                else:  # the child's creation was lost: it never ran, so it ends here too
+                    outcome = TerminalOutcome(type="cancelled", error=reason)
+                assert outcome is not None
+                events.append(ChildWorkflowResolved(child_id=child_id, outcome=outcome))
+            events.append(RunCancelled(reason=reason))
+            try:
+                self.store.append_if_sequence(state.run_id, state.last_sequence, events)
+            except EventConflictError:
+                continue
+            final = self.store.state(state.run_id)
+            await self._after_terminal(final, None, notify_parent=notify_parent)
+            await self.store.wait_durable()
+            return final

@@ -1,0 +1,127 @@
+"""``ChildRuns``: child workflows, created, cancelled, driven and resolved by their parent."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from flowstream.engine.cycle import ReplayCycle
+from flowstream.errors import EventConflictError, LimitExceededError, RuntimeBuildUnavailableError
+from flowstream.model.events import (
+    ChildCancellationPolicy,
+    ChildWorkflowRequested,
+    ChildWorkflowResolved,
+    FlowEvent,
+    ParentLink,
+    RunCancellationRequested,
+    RunCreated,
+)
+from flowstream.replay.state import RunState
+
+__all__ = ["ChildRuns"]
+
+
+class ChildRuns(ReplayCycle):
+    """Child runs of the same store, and what a run's end means for its parent or successor."""
+
+    def _check_children(self, state: RunState, events: Sequence[FlowEvent]) -> None:
+        if not any(isinstance(e, ChildWorkflowRequested) for e in events):
+            return
+        if self._max_child_depth and state.depth + 1 > self._max_child_depth:
+            raise LimitExceededError(
+                f"run {state.run_id}: child workflow depth would exceed {self._max_child_depth}",
+                run_id=state.run_id,
+            )
+        ancestors = set()
+        link = state.parent
+        current = state
+        while link is not None:
+            ancestors.add(link.run_id)
+            if not self.store.exists(link.run_id):
+                break
+            current = self.store.state(link.run_id)
+            link = current.parent
+        for event in events:
+            if isinstance(event, ChildWorkflowRequested) and event.child_run_id in ancestors | {
+                state.run_id
+            }:
+                raise LimitExceededError(
+                    f"run {state.run_id}: child workflow {event.child_id} would form a cycle",
+                    run_id=state.run_id,
+                )
+
+    async def _reconcile_children(self, state: RunState, now: datetime | None) -> bool:
+        """Create, cancel and drive open children; resolve the first terminal one. True if
+        something was appended to the parent."""
+        for child_id in sorted(
+            state.open_children, key=lambda c: state.children[c].requested_sequence
+        ):
+            child = state.children[child_id]
+            if not self.store.exists(child.run_id):
+                created = RunCreated(
+                    spec=child.spec,
+                    input=child.input,
+                    parent=ParentLink(run_id=state.run_id, child_id=child_id),
+                    depth=state.depth + 1,
+                )
+                try:
+                    self.store.append_if_sequence(child.run_id, 0, [created])
+                except EventConflictError:
+                    pass
+            cancellation = state.cancellation
+            if (
+                cancellation is not None
+                and child.cancellation_policy is ChildCancellationPolicy.REQUEST_CANCELLATION
+                and child.requested_sequence < cancellation.sequence
+            ):
+                leaf = await self._leaf(child.run_id)
+                if not leaf.is_terminal and leaf.cancellation is None:
+                    try:
+                        self.store.append_if_sequence(
+                            leaf.run_id,
+                            leaf.last_sequence,
+                            [RunCancellationRequested(reason=cancellation.reason)],
+                        )
+                    except EventConflictError:
+                        pass
+            try:
+                leaf = await self._drive_chain(child.run_id, now, notify_parent=False)
+            except RuntimeBuildUnavailableError:
+                continue
+            if leaf.is_terminal:
+                assert leaf.outcome is not None
+                self.store.append_if_sequence(
+                    state.run_id,
+                    state.last_sequence,
+                    [ChildWorkflowResolved(child_id=child_id, outcome=leaf.outcome)],
+                )
+                return True
+        return False
+
+    async def _after_terminal(
+        self, state: RunState, now: datetime | None, *, notify_parent: bool
+    ) -> None:
+        """A continued run gets its successor; a finished child wakes its parent."""
+        if state.outcome is not None and state.outcome.successor_run_id is not None:
+            self._ensure_successor(state)
+            return
+        if not notify_parent:
+            return
+        root = state
+        while root.parent is not None and root.parent.continued:
+            if not self.store.exists(root.parent.run_id):
+                return
+            root = self.store.state(root.parent.run_id)
+        if root.parent is None or root.parent.child_id is None:
+            return
+        parent_id = root.parent.run_id
+        if not self.store.exists(parent_id):
+            return
+        parent = self.store.state(parent_id)
+        child = parent.children.get(root.parent.child_id)
+        if parent.is_terminal or child is None or child.outcome is not None:
+            return
+        try:
+            await self._drive_chain(parent_id, now, notify_parent=True)
+        except RuntimeBuildUnavailableError:
+            return
