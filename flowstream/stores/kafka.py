@@ -102,6 +102,19 @@ def _wakeup_order(wakeup: Wakeup) -> tuple[datetime, str, str, str]:
     return (wakeup.due, wakeup.run_id, wakeup.kind, wakeup.subject_id)
 
 
+def _check_topic(metadata: clients.ClusterMetadata, name: str, partitions: int) -> None:
+    """Refuse to open unless the events topic ``name`` exists with ``partitions`` partitions."""
+    topic = metadata.topics.get(name)
+    if topic is None or topic.error is not None:
+        raise TopologyError(
+            f"topic {name} is missing (create it with `flowstream topics apply` and this prefix)"
+        )
+    if len(topic.partitions) != partitions:
+        raise TopologyError(
+            f"topic {name} has {len(topic.partitions)} partitions, expected {partitions}"
+        )
+
+
 class KafkaEventStore(EventStore):
     """Histories on the Kafka events topic, cached per partition in local RocksDB stores.
 
@@ -156,9 +169,8 @@ class KafkaEventStore(EventStore):
             # Metadata first: it checks the topic and connects the producer, which otherwise
             # waits half a second for its first coordinator query in ``init_transactions``.
             # (All topics are asked for: a request naming a missing topic may create it.)
-            self._check_topic(
-                self._call("read metadata", self._producer.list_topics, None, timeout)
-            )
+            metadata = self._call("read metadata", self._producer.list_topics, None, timeout)
+            _check_topic(metadata, self.topic, self.topology.run_partitions)
             self._call("start transactions", self._producer.init_transactions, timeout)
             self._restore()
         except BaseException:
@@ -412,19 +424,6 @@ class KafkaEventStore(EventStore):
                     f"validate: {exc}; audit the topic with `flowstream audit`",
                     run_id=run_id,
                 ) from exc
-
-    def _check_topic(self, metadata: clients.ClusterMetadata) -> None:
-        topic = metadata.topics.get(self.topic)
-        if topic is None or topic.error is not None:
-            raise TopologyError(
-                f"topic {self.topic} is missing (create it with `flowstream topics apply` and "
-                "this prefix)"
-            )
-        if len(topic.partitions) != self.topology.run_partitions:
-            raise TopologyError(
-                f"topic {self.topic} has {len(topic.partitions)} partitions, expected "
-                f"{self.topology.run_partitions}"
-            )
 
     def _read(self, targets: dict[int, tuple[int, int]]) -> None:
         """Read committed records from each partition's start offset to its target end."""
