@@ -28,7 +28,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from flowstream import codec
+from flowstream import codec, wire
+from flowstream.errors import SerializationError
 from flowstream.kafka import clients, topics
 from flowstream.settings import Settings
 from flowstream.topology import EVENTS, load_topology
@@ -283,23 +284,16 @@ class RunTracker:
             first = self.consumer.poll(0.05)
             if first is None:
                 continue
-            for message in [first, *self.consumer.consume(num_messages=1000, timeout=0)]:
-                if message.error() is not None:
-                    continue
-                headers = dict(message.headers() or ())
-                if headers.get("flowstream-record", b"event") != b"event":
-                    continue
-                now = time.monotonic()
-                data = message.value() or b""
-                self.events_seen += 1
-                if not self._listeners:
-                    # Only a terminal event resolves anything: the others are skipped after
-                    # their first bytes, as a client waiting for results would.
-                    head = codec.event_head(data)
-                    if head is not None and head[2] not in TERMINAL:
-                        continue
-                envelope = codec.decode_event(data)
-                writer = headers.get("flowstream-writer", b"").decode()
+            batch = [first, *self.consumer.consume(num_messages=1000, timeout=0)]
+            events = [
+                m for m in batch if m.error() is None and wire.kind_of(m) is wire.RecordKind.EVENT
+            ]
+            now = time.monotonic()
+            self.events_seen += len(events)
+            if not self._listeners:
+                events = [m for m in events if _may_be_terminal(m)]
+            for message, envelope in wire.event_records(events):
+                writer = wire.writer_of(message)
                 for callback in self._listeners:
                     callback(envelope, now, message.partition(), writer)
                 event = envelope.event
@@ -327,6 +321,16 @@ def watermark(consumer: Any, tp: Any, timeout: float = 30) -> tuple[int, int]:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+def _may_be_terminal(message: Any) -> bool:
+    """Only a terminal event resolves anything: the others are skipped after their first bytes,
+    as a client waiting for results would."""
+    try:
+        head = codec.event_head(message.value() or b"")
+    except SerializationError:
+        return True  # decoded in full, so that it is reported
+    return head is None or head[2] in TERMINAL
 
 
 def _resolve(future: asyncio.Future[tuple[str, Any]], value: tuple[str, Any]) -> None:

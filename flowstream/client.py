@@ -3,18 +3,22 @@
 Commands are keyed by run id and sent to ``partition_for(run_id)`` explicitly. Starting is
 idempotent by run id and signalling by signal id (the processor enforces both), so a client may
 retry any send. Reads use ``read_committed``: only events of committed transactions are seen.
+
+A record that does not decode is logged and skipped (:func:`flowstream.wire.decode_events`):
+reading any other run of its partition goes on; reading the run its key names raises
+``CorruptHistoryError``, since that history cannot be read completely.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pydantic import SecretStr
 
-from flowstream import codec
-from flowstream.errors import FlowError, RunNotFoundError
+from flowstream import codec, wire
+from flowstream.errors import CorruptHistoryError, FlowError, RunNotFoundError
 from flowstream.kafka import clients
 from flowstream.model.base import JSON
 from flowstream.model.events import EventEnvelope
@@ -44,7 +48,6 @@ from flowstream.topology import (
 
 __all__ = ["EventTail", "FlowClient"]
 
-_RECORD_HEADER = "flowstream-record"
 #: Metadata answers that pass once the cluster catches up (a new topic, a leader election).
 _PASSING_ERRORS = frozenset(
     {
@@ -57,11 +60,13 @@ _PASSING_ERRORS = frozenset(
 )
 
 
-def _is_event(message: Any) -> bool:
-    for key, value in message.headers() or ():
-        if key == _RECORD_HEADER:
-            return bool(value == b"event")
-    return True
+def _unreadable(run_id: str, bad: list[wire.BadRecord]) -> CorruptHistoryError:
+    more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+    return CorruptHistoryError(
+        f"the history of run {run_id} cannot be read completely: {bad[0]}{more}; "
+        f"audit it with `flowstream audit --run {run_id}`",
+        run_id=run_id,
+    )
 
 
 class FlowClient:
@@ -125,6 +130,9 @@ class FlowClient:
             found = [e for e in tail.read_to_end(timeout=timeout) if e.run_id == run_id]
         finally:
             tail.close()
+        bad = [b for b in tail.bad_records if b.run_id == run_id]
+        if bad:
+            raise _unreadable(run_id, bad)
         if not found:
             raise RunNotFoundError(run_id)
         return found
@@ -134,19 +142,23 @@ class FlowClient:
         served by the partition's owner); empty when nothing waits."""
         partition = partition_for(run_id, self.partitions)
         tail = EventTail(self.settings, [partition], topic=self.topics[EVENTS])
-        waiting: dict[bytes, str] = {}
+        waiting: dict[str, str] = {}
         try:
             for message in tail.read_records_to_end(timeout=timeout):
                 if message.key() != run_id.encode():
                     continue
-                headers = dict(message.headers() or ())
-                kind = headers.get(_RECORD_HEADER)
-                if kind not in (b"inbox", b"inbox-done"):
+                kind = wire.kind_of(message)
+                if kind not in (wire.RecordKind.INBOX, wire.RecordKind.INBOX_DONE):
                     continue
-                inbox_id = (message.value() or b"").split(b"\0", 2)[1]
-                if kind == b"inbox":
-                    waiting[inbox_id] = headers.get("flowstream-reason", b"").decode()
-                elif kind == b"inbox-done":
+                try:
+                    _, inbox_id, _ = wire.split_inbox(message.value() or b"")
+                except ValueError:
+                    tail.report(wire.BadRecord.of(message, f"not an {kind.value} value"))
+                    continue
+                if kind is wire.RecordKind.INBOX:
+                    reason = wire.header_of(message, wire.REASON_HEADER) or b""
+                    waiting[inbox_id] = reason.decode(errors="replace")
+                else:
                     waiting.pop(inbox_id, None)
         finally:
             tail.close()
@@ -166,9 +178,16 @@ class FlowClient:
         """Tail the events topic until every run in ``run_ids`` is terminal."""
         wanted = set(run_ids)
         partitions = sorted({partition_for(r, self.partitions) for r in wanted})
-        tail = EventTail(self.settings, partitions, topic=self.topics[EVENTS])
         states: dict[str, RunState] = {}
         done: dict[str, WorkflowRunSnapshot] = {}
+
+        def unreadable(bad: wire.BadRecord) -> None:
+            # Called in the record's place among the events: a run that ended before it is done.
+            run_id = bad.run_id
+            if run_id is not None and run_id in wanted and run_id not in done:
+                raise _unreadable(run_id, [bad])
+
+        tail = EventTail(self.settings, partitions, topic=self.topics[EVENTS], on_bad=unreadable)
         deadline = time.monotonic() + timeout
         try:
             while len(done) < len(wanted):
@@ -191,26 +210,36 @@ class FlowClient:
 
 
 class EventTail:
-    """Reads committed events from some partitions of the events topic, from the start."""
+    """Reads committed events from some partitions of the events topic, from the start.
 
-    def __init__(self, settings: Settings, partitions: list[int], *, topic: str) -> None:
+    A record that does not decode is logged, kept in :attr:`bad_records`, passed to ``on_bad``
+    (which may raise) and skipped.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        partitions: list[int],
+        *,
+        topic: str,
+        on_bad: Callable[[wire.BadRecord], None] | None = None,
+    ) -> None:
         self.topic = topic
         self.partitions = partitions
+        self._on_bad = on_bad
+        #: Every record skipped so far because it does not decode, in the order read.
+        self.bad_records: list[wire.BadRecord] = []
         self._consumer = clients.new_consumer(
             settings.bootstrap, f"{settings.group}-reader-unused", {"enable.partition.eof": True}
         )
         self._consumer.assign([clients.TopicPartition(topic, p, 0) for p in partitions])
 
-    def poll(self, timeout: float) -> list[EventEnvelope]:
-        """Events that arrived, waiting at most ``timeout`` for the first one."""
-        found: list[EventEnvelope] = []
+    def poll(self, timeout: float) -> Iterator[EventEnvelope]:
+        """Events that arrived, waiting at most ``timeout`` for the first one; decoded as they
+        are iterated, so a bad record is reported in its place among them."""
         first = self._consumer.poll(timeout)
         batch = [] if first is None else [first, *self._consumer.consume(999, timeout=0)]
-        for message in batch:
-            if message.error() is not None or not _is_event(message):
-                continue
-            found.append(codec.decode_event(message.value() or b""))
-        return found
+        return wire.decode_events(batch, on_bad=self.report)
 
     def read_to_end(
         self, *, timeout: float, progress: Callable[[int], None] | None = None
@@ -220,12 +249,19 @@ class EventTail:
         ``progress`` is called with the running count every 10,000 events.
         """
         found: list[EventEnvelope] = []
-        for message in self.read_records_to_end(timeout=timeout):
-            if _is_event(message):
-                found.append(codec.decode_event(message.value() or b""))
-                if progress is not None and len(found) % 10_000 == 0:
-                    progress(len(found))
+        records = self.read_records_to_end(timeout=timeout)
+        for envelope in wire.decode_events(records, on_bad=self.report):
+            found.append(envelope)
+            if progress is not None and len(found) % 10_000 == 0:
+                progress(len(found))
         return found
+
+    def report(self, bad: wire.BadRecord) -> None:
+        """Log a record that is skipped because it does not decode, keep it, pass it on."""
+        wire.log_bad_record(bad)
+        self.bad_records.append(bad)
+        if self._on_bad is not None:
+            self._on_bad(bad)
 
     def read_records_to_end(self, *, timeout: float) -> list[Any]:
         """Every committed record (events and inbox records) up to the last stable offset."""

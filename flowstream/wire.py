@@ -14,27 +14,50 @@ record without it is an event):
 Readers of histories (restore, ``FlowClient``, ``flowstream audit``) take ``event`` records only and
 classify every record with :func:`kind_of`; a kind this release does not know is skipped, never
 taken for an event, so a newer writer's bookkeeping cannot corrupt an older reader's history.
+
+Readers that only look (``FlowClient``, ``flowstream audit``, tests and benchmarks) decode through
+:func:`decode_events` (or :func:`event_records`, which keeps each record with its event): an event
+record that does not decode (a value that is not Avro, an unknown writer schema, a corrupt body)
+is reported as a :class:`BadRecord` naming its partition, offset and the run of its key, and
+skipped; the reader decides what it means for that run. A writer's restore, which must not go on
+with a shorter history, stops at such a record instead.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+from flowstream import codec
+from flowstream.errors import SerializationError
+from flowstream.model.events import EventEnvelope
 
 __all__ = [
     "EVENT_HEADERS",
     "REASON_HEADER",
     "RECORD_HEADER",
     "WRITER_HEADER",
+    "BadRecord",
+    "Headers",
     "RecordKind",
+    "decode_events",
     "event_headers",
+    "event_records",
+    "header_of",
     "hook_token_value",
     "inbox_done_value",
     "inbox_value",
     "kind_of",
+    "log_bad_record",
     "split_hook_token",
     "split_inbox",
+    "writer_of",
 ]
+
+LOG = logging.getLogger("flowstream.wire")
 
 #: Names what a record of the events topic is (a :class:`RecordKind` value).
 RECORD_HEADER = "flowstream-record"
@@ -42,9 +65,6 @@ RECORD_HEADER = "flowstream-record"
 WRITER_HEADER = "flowstream-writer"
 #: Says why a parked (``inbox``) command waits.
 REASON_HEADER = "flowstream-reason"
-
-#: The first bytes of every Avro single-object encoded value (the codec's ``MARKER``).
-_AVRO_MARKER = b"\xc3\x01"
 
 
 class RecordKind(StrEnum):
@@ -56,11 +76,14 @@ class RecordKind(StrEnum):
     HOOK_TOKEN = "hook-token"
 
 
+#: Record headers as a producer takes them (confluent-kafka's ``produce(headers=...)``).
+Headers = list[tuple[str, str | bytes | None]]
+
 #: Headers of an event record written by a writer that names no instance.
-EVENT_HEADERS: list[tuple[str, bytes]] = [(RECORD_HEADER, RecordKind.EVENT.value.encode())]
+EVENT_HEADERS: Headers = [(RECORD_HEADER, RecordKind.EVENT.value.encode())]
 
 
-def event_headers(writer: str) -> list[tuple[str, bytes]]:
+def event_headers(writer: str) -> Headers:
     """The headers of an event record written by ``writer``."""
     return [*EVENT_HEADERS, (WRITER_HEADER, writer.encode())]
 
@@ -75,7 +98,7 @@ def kind_of(message: Any) -> RecordKind | None:
     its header; one without the header is an event (and fails to decode as one if it is not).
     """
     value = message.value()
-    if value is not None and value[:2] == _AVRO_MARKER:
+    if value is not None and value[:2] == codec.MARKER:
         return RecordKind.EVENT
     for key, found in message.headers() or ():
         if key == RECORD_HEADER:
@@ -84,6 +107,88 @@ def kind_of(message: Any) -> RecordKind | None:
             except (UnicodeDecodeError, ValueError, TypeError):
                 return None
     return RecordKind.EVENT
+
+
+def header_of(message: Any, name: str) -> bytes | None:
+    """The value of header ``name`` of a consumed record; ``None`` when it has none."""
+    for key, found in message.headers() or ():
+        if key == name:
+            return bytes(found) if found is not None else None
+    return None
+
+
+def writer_of(message: Any) -> str:
+    """The instance that wrote an event record (its ``flowstream-writer``); empty if unnamed."""
+    return (header_of(message, WRITER_HEADER) or b"").decode(errors="replace")
+
+
+# -- reading histories ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BadRecord:
+    """A record of the events topic that is an event by its kind and does not decode as one."""
+
+    topic: str
+    partition: int
+    offset: int
+    #: The run the record belongs to, by its key; ``None`` for a record without a (text) key.
+    run_id: str | None
+    reason: str
+
+    @property
+    def where(self) -> str:
+        """``topic[partition]@offset``."""
+        return f"{self.topic}[{self.partition}]@{self.offset}"
+
+    def __str__(self) -> str:
+        owner = f"run {self.run_id}" if self.run_id is not None else "no run key"
+        return f"{self.where} ({owner}): {self.reason}"
+
+    @classmethod
+    def of(cls, message: Any, reason: str) -> BadRecord:
+        """The bad record ``message``, which failed to decode for ``reason``."""
+        key = message.key()
+        try:
+            run_id = None if key is None else bytes(key).decode()
+        except UnicodeDecodeError:
+            run_id = None
+        return cls(
+            str(message.topic()), int(message.partition()), int(message.offset()), run_id, reason
+        )
+
+
+def log_bad_record(bad: BadRecord) -> None:
+    """The default report of a bad record: a warning that names it."""
+    LOG.warning("skipped an event record that does not decode: %s", bad)
+
+
+def event_records(
+    messages: Iterable[Any], *, on_bad: Callable[[BadRecord], None] = log_bad_record
+) -> Iterator[tuple[Any, EventEnvelope]]:
+    """Each event record of ``messages`` (consumed records of the events topic) with its decoded
+    envelope, in order.
+
+    Records of other kinds, and messages that carry a consumer error instead of a record, are
+    skipped; an event record that fails to decode is passed to ``on_bad`` and skipped.
+    """
+    for message in messages:
+        if message.error() is not None or kind_of(message) is not RecordKind.EVENT:
+            continue
+        try:
+            envelope = codec.decode_event(message.value() or b"")
+        except SerializationError as exc:
+            on_bad(BadRecord.of(message, str(exc)))
+            continue
+        yield message, envelope
+
+
+def decode_events(
+    messages: Iterable[Any], *, on_bad: Callable[[BadRecord], None] = log_bad_record
+) -> Iterator[EventEnvelope]:
+    """The decoded events of ``messages``: :func:`event_records` without the records."""
+    for _, envelope in event_records(messages, on_bad=on_bad):
+        yield envelope
 
 
 def inbox_value(run_id: str, inbox_id: str, raw: bytes) -> bytes:

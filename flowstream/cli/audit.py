@@ -1,5 +1,10 @@
 """``flowstream audit``: re-read runs (from the events topic or the embedded store), check their
-histories and replay every decision against the current code; exit 1 if anything is wrong."""
+histories and replay every decision against the current code; exit 1 if anything is wrong.
+
+A record of the events topic that does not decode is listed: a run its key names is reported
+``CORRUPT`` (its history cannot be read completely, so it is not replayed), and the other runs are
+audited as usual; a bad record without a run key is listed on its own.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from flowstream.model.spec import WorkflowSpec
 from flowstream.replay.audit import RunAudit, audit_history
 from flowstream.runtime import FlowRuntime
 from flowstream.settings import Settings
+from flowstream.wire import BadRecord
 
 
 def register(subparsers: Any) -> None:
@@ -32,7 +38,11 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=_audit)
 
 
-def _kafka_histories(settings: Settings, run_id: str | None) -> dict[str, list[EventEnvelope]]:
+def _kafka_histories(
+    settings: Settings, run_id: str | None
+) -> tuple[dict[str, list[EventEnvelope]], list[BadRecord]]:
+    """Every run's events (or ``run_id``'s) and the records that did not decode (those of
+    ``run_id`` and those of no run, when one run is asked for)."""
     from flowstream.client import EventTail
     from flowstream.partitioning import partition_for
     from flowstream.topology import EVENTS, load_topology
@@ -52,8 +62,10 @@ def _kafka_histories(settings: Settings, run_id: str | None) -> dict[str, list[E
                 histories.setdefault(envelope.run_id, []).append(envelope)
     finally:
         tail.close()
-    print(f"read {read} events of {len(histories)} run(s)", file=sys.stderr)
-    return histories
+    bad = [b for b in tail.bad_records if run_id is None or b.run_id in (run_id, None)]
+    skipped = f", skipped {len(bad)} record(s) that do not decode" if bad else ""
+    print(f"read {read} events of {len(histories)} run(s){skipped}", file=sys.stderr)
+    return histories, bad
 
 
 def _progress(began: float) -> Any:
@@ -81,14 +93,28 @@ def _audit(args: argparse.Namespace) -> int:
     def runtime_for(spec: WorkflowSpec) -> FlowRuntime | None:
         return runtimes.get(spec.runtime_build_id)
 
+    unreadable: list[BadRecord] = []
     if args.data:
         histories = _store_histories(args.data, args.run_id)
     else:
         settings = Settings.from_env(bootstrap=args.bootstrap, topic_prefix=args.topic_prefix)
-        histories = _kafka_histories(settings, args.run_id)
+        histories, unreadable = _kafka_histories(settings, args.run_id)
+    corrupt: dict[str, list[BadRecord]] = {}
+    for record in unreadable:
+        if record.run_id is not None:
+            corrupt.setdefault(record.run_id, []).append(record)
+    keyless = [record for record in unreadable if record.run_id is None]
 
     async def work() -> list[RunAudit]:
-        return [await audit_history(h, runtime_for) for _, h in sorted(histories.items())]
+        reports = []
+        for run_id in sorted(histories.keys() | corrupt.keys()):
+            history = histories.get(run_id, [])
+            if run_id in corrupt:
+                problems = [f"cannot read {record}" for record in corrupt[run_id]]
+                reports.append(RunAudit(run_id, len(history), problems=problems, corrupt=True))
+            else:
+                reports.append(await audit_history(history, runtime_for))
+        return reports
 
     reports = asyncio.run(work())
     bad = 0
@@ -100,9 +126,19 @@ def _audit(args: argparse.Namespace) -> int:
             print(f"{report.run_id}: ok ({report.events} events, {checked} decisions)")
         else:
             bad += 1
-            kind = "NONDETERMINISTIC" if report.nondeterministic else "INVALID"
-            print(f"{report.run_id}: {kind}")
+            print(f"{report.run_id}: {_verdict(report)}")
             for problem in report.problems:
                 print(f"    {problem}")
-    print(f"audited {len(reports)} run(s): {len(reports) - bad} ok, {bad} with problems")
-    return 1 if bad else 0
+    for record in keyless:
+        print(f"cannot read {record}")
+    summary = f"audited {len(reports)} run(s): {len(reports) - bad} ok, {bad} with problems"
+    if keyless:
+        summary += f"; {len(keyless)} record(s) of no run cannot be read"
+    print(summary)
+    return 1 if bad or keyless else 0
+
+
+def _verdict(report: RunAudit) -> str:
+    if report.corrupt:
+        return "CORRUPT"
+    return "NONDETERMINISTIC" if report.nondeterministic else "INVALID"

@@ -55,6 +55,8 @@ class RunAudit:
     problems: list[str] = field(default_factory=list)
     nondeterministic: bool = False
     skipped: str | None = None
+    #: Some of its records could not be read (``problems`` names them): it was not replayed.
+    corrupt: bool = False
 
     @property
     def ok(self) -> bool:

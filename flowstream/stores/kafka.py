@@ -50,7 +50,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from flowstream import codec
 from flowstream.errors import CorruptHistoryError, FlowError, StoreLockedError
 from flowstream.kafka import clients
 from flowstream.model.events import EventEnvelope, FlowEvent, HookCreated
@@ -67,13 +66,9 @@ from flowstream.stores.base import (
 )
 from flowstream.stores.partition import PartitionStore
 from flowstream.topology import EVENTS, Topology, TopologyError, load_topology
+from flowstream.wire import RecordKind, event_headers, kind_of
 
-__all__ = ["RECORD_HEADER", "WRITER_HEADER", "KafkaEventStore"]
-
-#: Header naming what a record on the events topic is (the processor's ``RECORD_HEADER``).
-RECORD_HEADER = "flowstream-record"
-#: Header naming the writer of an event: here, the store's transactional id.
-WRITER_HEADER = "flowstream-writer"
+__all__ = ["KafkaEventStore"]
 
 _PRODUCER_OVERRIDES: dict[str, Any] = {
     # Every append is one transaction, flushed at once: lingering only adds latency.
@@ -141,10 +136,8 @@ class KafkaEventStore(EventStore):
         self.state_dir = Path(state_dir)
         self.transactional_id = transactional_id
         self._timeout = timeout
-        self._headers: list[tuple[str, str | bytes | None]] = [
-            (RECORD_HEADER, b"event"),
-            (WRITER_HEADER, transactional_id.encode()),
-        ]
+        # The writer header names the store's transactional id.
+        self._headers = event_headers(transactional_id)
         self._partitions: list[PartitionStore] = []
         self._producer: clients.Producer | None = None
         self._txn_open = False
@@ -472,15 +465,10 @@ class KafkaEventStore(EventStore):
             restorer.close()
 
     def _restore_record(self, store: PartitionStore, message: Any) -> None:
-        value = message.value() or b""
-        # Events start with the Avro marker, which no inbox or hook-token record (UTF-8 text)
-        # starts with; only those need their (costly to build) headers read.
-        if value[:2] != codec.MARKER:
-            kind = dict(message.headers() or ()).get(RECORD_HEADER, b"event")
-            if kind != b"event":
-                return  # a processor's inbox entry: not part of any history
+        if kind_of(message) is not RecordKind.EVENT:
+            return  # a processor's bookkeeping (inbox, hook token): not part of any history
         try:
-            store.restore_event(value)
+            store.restore_event(message.value() or b"")
         except FlowError as exc:
             raise CorruptHistoryError(
                 f"{self.topic}[{message.partition()}]@{message.offset()} cannot be restored: "

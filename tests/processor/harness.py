@@ -12,6 +12,7 @@ from pathlib import Path
 
 import orjson
 
+from flowstream import wire
 from flowstream.client import FlowClient
 from flowstream.kafka import topics
 from flowstream.model.events import EventEnvelope
@@ -153,7 +154,6 @@ def event_offsets(bootstrap: str, prefix: str, partitions: int) -> dict[str, lis
 def _event_records(
     bootstrap: str, prefix: str, partitions: int
 ) -> list[tuple[EventEnvelope, str, tuple[int, int]]]:
-    from flowstream import codec
     from flowstream.kafka import clients
 
     consumer = clients.new_consumer(
@@ -170,22 +170,23 @@ def _event_records(
     eof: set[int] = set()
     deadline = time.monotonic() + 60
     while len(eof) < partitions and time.monotonic() < deadline:
-        for message in consumer.consume(500, 0.2):
+        messages = consumer.consume(500, 0.2)
+        for message in messages:
             error = message.error()
             if error is not None:
                 partition = message.partition()
                 at_end = message.offset() >= ends[partition] or ends[partition] == 0
                 if error.code() == clients.KafkaError._PARTITION_EOF and at_end:
                     eof.add(partition)
-                continue
-            headers = dict(message.headers() or ())
-            if headers.get("flowstream-record", b"event") != b"event":
-                continue
-            envelope = codec.decode_event(message.value())
-            writer = headers.get("flowstream-writer", b"").decode()
-            found.append((envelope, writer, (message.partition(), message.offset())))
+        for message, envelope in wire.event_records(messages, on_bad=_no_bad_record):
+            at = (message.partition(), message.offset())
+            found.append((envelope, wire.writer_of(message), at))
     consumer.close()
     return found
+
+
+def _no_bad_record(bad: wire.BadRecord) -> None:
+    raise AssertionError(f"a committed event record does not decode: {bad}")
 
 
 def assert_no_duplicate_sequences(records: list[tuple[str, int, str, str]]) -> None:

@@ -13,6 +13,7 @@ import orjson
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from flowstream import wire
 from flowstream.client import FlowClient
 from flowstream.partitioning import partition_for
 from flowstream.settings import Settings
@@ -21,6 +22,9 @@ from tests.processor.apps import SPEC
 from tests.processor.harness import Worker, apply_topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
+
+#: An event record's ``flowstream-record`` header, as the processor writes it.
+EVENT_KIND = wire.RecordKind.EVENT.value.encode()
 
 
 def _free_port() -> int:
@@ -119,7 +123,7 @@ def test_the_events_topic_decodes_with_plain_confluent_kafka_and_fastavro(
     while time.monotonic() < deadline and (not decoded or decoded[-1][1] != "run_completed"):
         for message in consumer.consume(100, 0.5):
             headers = dict(message.headers() or ())
-            if message.error() is not None or headers.get("flowstream-record") != b"event":
+            if message.error() is not None or headers.get(wire.RECORD_HEADER) != EVENT_KIND:
                 continue
             name, datum = read_value(message.value())
             assert name == "flowstream.EventEnvelope"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from flowstream import codec
+from flowstream import codec, wire
 from flowstream.engine import FlowEngine
 from flowstream.errors import (
     CorruptHistoryError,
@@ -37,7 +37,6 @@ from flowstream.model.events import (
 from flowstream.model.snapshot import RunStatus
 from flowstream.partitioning import partition_for
 from flowstream.replay.decide import token_digest
-from flowstream.stores import kafka as kafka_store
 from flowstream.stores.base import MAX_EVENT_BYTES
 from flowstream.stores.kafka import KafkaEventStore
 from flowstream.stores.partition import PartitionStore
@@ -216,18 +215,11 @@ def test_events_are_keyed_by_run_on_the_run_partition_in_sequence_order(
         event = codec.decode_event(record.value)
         assert record.key == event.run_id.encode()
         assert record.partition == partition_for(event.run_id, PARTITIONS)
-        assert record.headers[kafka_store.RECORD_HEADER] == b"event"
-        assert record.headers[kafka_store.WRITER_HEADER] == store.transactional_id.encode()
+        assert record.headers[wire.RECORD_HEADER] == wire.RecordKind.EVENT.value.encode()
+        assert record.headers[wire.WRITER_HEADER] == store.transactional_id.encode()
     for run_id in RUNS:
         on_topic = [codec.decode_event(r.value) for r in records if r.key == run_id.encode()]
         assert on_topic == store.read(run_id)
-
-
-def test_the_record_header_is_the_processor_one() -> None:
-    from flowstream.processor import loop
-
-    assert kafka_store.RECORD_HEADER == loop.RECORD_HEADER
-    assert kafka_store.WRITER_HEADER == loop.WRITER_HEADER
 
 
 # -- transactions and fencing -----------------------------------------------------------------
