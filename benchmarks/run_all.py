@@ -12,7 +12,9 @@ Runs, one after another on the bench broker (started here if it is down, stopped
 5. the plain consume→produce→commit Kafka loop, and flowstream's events/s as a ratio of it.
 
 Every JSON line goes to ``--out`` (default ``benchmarks/results/<UTC date>.jsonl``); the table is
-printed at the end and can be printed again from a results file with ``--table FILE``.
+printed at the end and can be printed again from a results file with ``--table FILE``. The peers'
+rows come from ``--peers-results FILE`` (default ``../shared/bench/peers/results.jsonl`` from the
+repository root); their harness, for ``--peers``, is the ``run_all.sh`` beside that file.
 
 Usage: ``python -m benchmarks.run_all [--quick] [--only workload,replay,...]``
 """
@@ -31,7 +33,8 @@ from typing import Any
 
 from benchmarks import failover, harness, kafka_limit, replay_scaling, restore, workload
 
-PEERS = Path("/work/shared/bench/peers/results.jsonl")
+#: The peers' recorded results, beside their harness (``run_all.sh``).
+DEFAULT_PEERS = harness.ROOT.parent / "shared" / "bench" / "peers" / "results.jsonl"
 EVENTS_PER_RUN = 12
 PARTS = ("workload", "replay", "restore", "failover", "limit")
 
@@ -128,10 +131,24 @@ def _describe(r: dict[str, Any]) -> str:
     return json.dumps(r)
 
 
-def rerun_peers(peers: str, out: Path) -> None:
-    """Run the peers' own harness now (``run_all.sh`` with ``PEERS``), its lines into ``out``
-    marked ``"rerun": true``; the shared ``results.jsonl`` is left alone."""
-    script = PEERS.parent / "run_all.sh"
+def peer_rows(path: Path) -> list[dict[str, Any]]:
+    """The peers' recorded rows; none, with a note saying so, when ``path`` is missing."""
+    if not path.exists():
+        print(_no_peers(path))
+        return []
+    return _rows(path)
+
+
+def _no_peers(path: Path) -> str:
+    return (
+        f"no peers' results at {path}: the table has flowstream's rows only "
+        "(pass --peers-results FILE)"
+    )
+
+
+def rerun_peers(peers: str, script: Path, out: Path) -> None:
+    """Run the peers' own harness now (``script``, their ``run_all.sh``, with ``PEERS``), its
+    lines into ``out`` marked ``"rerun": true``; their ``results.jsonl`` is left alone."""
     scratch = out.with_suffix(".peers.tmp")
     env = {**os.environ, "PEERS": peers.replace(",", " "), "OUT": str(scratch)}
     subprocess.run(["bash", str(script)], env=env, check=False)
@@ -181,12 +198,25 @@ def main() -> None:
         "--peers",
         default="",
         help="also rerun these peers right after the workload (e.g. restate; needs their "
-        "install, see ../shared/bench/peers/README.md)",
+        "install, see the README beside --peers-results)",
+    )
+    parser.add_argument(
+        "--peers-results",
+        type=Path,
+        default=DEFAULT_PEERS,
+        metavar="FILE",
+        help="the peers' recorded results.jsonl (default: ../shared/bench/peers/results.jsonl "
+        "from the repository root)",
     )
     args = parser.parse_args()
+    peers_script = args.peers_results.parent / "run_all.sh"
+    if args.peers and not peers_script.exists():
+        parser.error(f"--peers needs the peers' harness at {peers_script} (see --peers-results)")
     if args.table:
-        print(table(_rows(Path(args.table)), _rows(PEERS)))
+        print(table(_rows(Path(args.table)), peer_rows(args.peers_results)))
         return
+    if not args.peers_results.exists():
+        print(_no_peers(args.peers_results))
     out = Path(
         args.out or harness.ROOT / "benchmarks" / "results" / f"{datetime.now(UTC):%Y-%m-%d}.jsonl"
     )
@@ -224,7 +254,7 @@ def main() -> None:
                 if workers == "1" and not settings:
                     tp_x1 = max(r["tp_wf_per_s"] for r in rows if "tp_wf_per_s" in r)
             if args.peers:
-                rerun_peers(args.peers, out)
+                rerun_peers(args.peers, peers_script, out)
         if "replay" in only:
             sizes = [100, 1000] if args.quick else [100, 1000, 10000]
             replay_scaling.run(list(replay_scaling.STORES), sizes, str(out))
@@ -252,7 +282,7 @@ def main() -> None:
         if started_broker:
             harness.stop_broker()
     print(f"\nall figures in {time.monotonic() - began:.0f} s; results in {out}\n")
-    print(table(_rows(out), _rows(PEERS)))
+    print(table(_rows(out), peer_rows(args.peers_results)))
 
 
 if __name__ == "__main__":
