@@ -253,20 +253,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return record
 
 
-def _setting(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep:
-        raise argparse.ArgumentTypeError("use NAME=VALUE")
-    return key, value
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=100, help="runs started per second")
     parser.add_argument("--warm", type=float, default=5, help="seconds of load before the kill")
     parser.add_argument("--after", type=float, default=60, help="longest wait after the kill")
     parser.add_argument("--timeout", type=float, default=120)
-    parser.add_argument("--set", type=_setting, action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument(
+        "--set", type=harness.setting, action="append", default=[], metavar="NAME=VALUE"
+    )
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--keep-broker", action="store_true")
     parser.add_argument("--out", default=None)

@@ -9,6 +9,7 @@ process started it.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -468,6 +469,14 @@ def machine() -> dict[str, Any]:
         "loadavg_5m": round(load5, 2),
         "fsync_4k_ms": fsync_probe(),
     }
+
+
+def setting(text: str) -> tuple[str, str]:
+    """``NAME=VALUE`` from the command line (``--set``), as a pair."""
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError("use NAME=VALUE")
+    return key, value
 
 
 def emit(record: dict[str, Any], out: str | None) -> None:

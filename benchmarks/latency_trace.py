@@ -20,7 +20,7 @@ from typing import Any
 
 from benchmarks import harness
 from benchmarks.order_app import SPEC, make_input
-from benchmarks.workload import _setting, worker_counters
+from benchmarks.workload import worker_counters
 from flowstream.client import FlowClient
 from flowstream.settings import Settings
 
@@ -75,7 +75,9 @@ def main() -> None:
         default=0,
         help="pause between runs (0: back to back, as the workload)",
     )
-    parser.add_argument("--set", type=_setting, action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument(
+        "--set", type=harness.setting, action="append", default=[], metavar="NAME=VALUE"
+    )
     parser.add_argument(
         "--slowest", type=int, default=0, help="also print the timelines of the N slowest runs"
     )

@@ -247,13 +247,6 @@ def table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _setting(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep:
-        raise argparse.ArgumentTypeError("use NAME=VALUE, e.g. COMMIT_INTERVAL_MS=5")
-    return key, value
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", choices=["embedded", "kafka"])
@@ -278,7 +271,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=120, help="seconds per run")
     parser.add_argument(
         "--set",
-        type=_setting,
+        type=harness.setting,
         action="append",
         default=[],
         metavar="NAME=VALUE",

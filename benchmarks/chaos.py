@@ -1,0 +1,589 @@
+"""Chaos: runs of every kind driven through faults on three brokers, then an independent audit.
+
+A three-broker cluster (its own, or one given by ``--home``/``--port``) gets topics under a fresh
+prefix with replication 3, and ``--workers`` ``flowstream worker`` processes serve
+``benchmarks.chaos_app`` (a batch of steps, a step retried after a failure, a timer, a signal, a
+hook resumed by its token, a child workflow). Over ``--minutes`` the driver starts ``--runs`` runs
+through ``FlowClient`` at a steady pace. It sends each run's signal before its start, just after
+it, or once the run waits for it (some twice, with the same signal id), resends some starts, and
+resumes each hook by its token once the hook is committed. Meanwhile it injects faults on a
+schedule, cycling through the kinds unless ``--faults`` names them:
+
+* ``worker-kill``: SIGKILL a worker, restart it ``--worker-down`` s later;
+* ``worker-stop``: SIGSTOP a worker for 7-14 s, then SIGCONT (the zombie must stay fenced);
+* ``state-wipe``: SIGKILL a worker, delete its state directory, restart it later;
+* ``broker-kill``: SIGKILL a broker (the processors' group coordinator first, then the others
+  in turn), restart it ``--broker-down`` s later.
+
+After the window the driver waits until every run it started is terminal, stops the workers, and
+hands over to :mod:`benchmarks.chaos_audit`, which reads the events topic on its own. Printed:
+runs, faults by kind, violations, failover after a worker fault (per partition the victim wrote
+last: time from the fault to its first event from another processor), and the longest commit gap
+after a broker kill (no new committed event on the partitions it did not lead, and on all).
+
+Usage: ``python -m benchmarks.chaos --runs 600 --minutes 9 --workers 3 [--faults worker-kill,...]
+[--home DIR --port 29092] [--set NAME=VALUE] [--out results.jsonl]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import heapq
+import logging
+import os
+import random
+import secrets
+import shutil
+import signal
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from benchmarks import harness
+from benchmarks.chaos_app import EFFECTS_ENV, HOOK_ID, SIGNAL_NAME, SPEC, make_input
+from benchmarks.chaos_audit import Audit, Expectations, audit, format_audit
+from benchmarks.chaos_watch import Follow, commit_gap, progress_after
+from flowstream.client import FlowClient
+from flowstream.devkafka import DEFAULT_PORT_3, Cluster
+from flowstream.kafka import clients, topics
+from flowstream.replay.decide import token_digest
+from flowstream.settings import Settings
+from flowstream.topology import EVENTS, load_topology
+
+__all__ = ["FAULT_KINDS", "SHORT", "ChaosOptions", "ChaosResult", "format_result", "run_chaos"]
+
+FAULT_KINDS = ("worker-kill", "worker-stop", "broker-kill", "state-wipe")
+#: How long after a fault its figures are read, at most (the next fault ends it sooner).
+_WINDOW_S = 60.0
+
+
+@dataclass
+class ChaosOptions:
+    runs: int = 600
+    minutes: float = 9.0
+    workers: int = 3
+    #: Fault kinds in order; empty: ``FAULT_KINDS`` cycled, one fault per ``fault_every`` s.
+    faults: tuple[str, ...] = ()
+    fault_every: float = 40.0
+    stop_s: tuple[float, float] = (7.0, 14.0)
+    worker_down: float = 6.0
+    broker_down: float = 10.0
+    settle: float = 300.0
+    seed: int = 1
+    #: ``FLOWSTREAM_<NAME>`` settings of the workers.
+    settings: dict[str, str] = field(default_factory=dict)
+
+    def schedule(self) -> list[tuple[float, str]]:
+        """(seconds into the window, kind) of every fault, spread evenly over the window."""
+        window = self.minutes * 60
+        kinds = list(self.faults)
+        if not kinds:
+            count = max(1, int(window // self.fault_every))
+            kinds = [FAULT_KINDS[i % len(FAULT_KINDS)] for i in range(count)]
+        step = window / (len(kinds) + 1)
+        return [(step * (i + 1), kind) for i, kind in enumerate(kinds)]
+
+
+#: The short form (about three minutes): one fault of each kind, 25-30 s apart.
+SHORT = ChaosOptions(runs=150, minutes=2.0, workers=3, faults=FAULT_KINDS, settle=240.0)
+
+
+@dataclass
+class Fault:
+    kind: str
+    at: float  # monotonic
+    victim: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ChaosResult:
+    figures: dict[str, Any]
+    audit: Audit
+
+
+class _Workers:
+    """The worker processes by name, and what was done to them."""
+
+    def __init__(self, bootstrap: str, prefix: str, root: Path, env: dict[str, str]) -> None:
+        self.bootstrap, self.prefix, self.root, self.env = bootstrap, prefix, root, env
+        self.procs: dict[str, harness.Worker] = {}
+        self.state: dict[str, str] = {}  # up, stopped, down
+        self.back_at: dict[str, float] = {}
+        self.unplanned: list[tuple[str, int | None]] = []
+
+    def start(self, name: str) -> None:
+        self.procs[name] = harness.Worker(
+            name,
+            prefix=self.prefix,
+            state_root=self.root / "state",
+            app="benchmarks.chaos_app:runtime",
+            bootstrap=self.bootstrap,
+            env=self.env,
+        )
+        self.state[name] = "up"
+        self.back_at[name] = time.monotonic()
+
+    def up(self) -> list[str]:
+        return [n for n, s in self.state.items() if s == "up"]
+
+    def kill(self, name: str, wipe: bool = False) -> None:
+        self.procs[name].kill()
+        self.state[name] = "down"
+        if wipe:
+            shutil.rmtree(self.procs[name].state_dir, ignore_errors=True)
+
+    def pause(self, name: str) -> None:
+        os.kill(self.procs[name].pid, signal.SIGSTOP)
+        self.state[name] = "stopped"
+
+    def resume(self, name: str) -> None:
+        os.kill(self.procs[name].pid, signal.SIGCONT)
+        self.state[name] = "up"
+        self.back_at[name] = time.monotonic()
+
+    def check(self) -> None:
+        """A worker that exited on its own is noted and started again."""
+        for name, state in list(self.state.items()):
+            code = self.procs[name].process.poll()
+            if state == "up" and code is not None:
+                self.unplanned.append((name, code))
+                self.procs[name].stop()
+                self.start(name)
+
+    def stop_all(self) -> None:
+        for name, state in self.state.items():
+            if state == "stopped":
+                os.kill(self.procs[name].pid, signal.SIGCONT)
+        for worker in self.procs.values():
+            worker.stop(timeout=30)
+
+    def tracebacks(self) -> int:
+        return sum(w.output().count("Traceback") for w in self.procs.values())
+
+
+class _Driver:
+    """Starts runs, sends their signals and hook resumptions, and injects the faults."""
+
+    def __init__(self, cluster: Cluster, options: ChaosOptions, root: Path, prefix: str) -> None:
+        self.cluster = cluster
+        self.options = options
+        self.prefix = prefix
+        self.random = random.Random(options.seed)
+        self.bootstrap = cluster.bootstrap
+        self.topic = load_topology().names(prefix)[EVENTS]
+        self.partitions = load_topology().run_partitions
+        self.effects = root / "effects"
+        self.effects.mkdir(parents=True, exist_ok=True)
+        env = {f"FLOWSTREAM_{k.upper()}": v for k, v in options.settings.items()}
+        env[EFFECTS_ENV] = str(self.effects)
+        self.workers = _Workers(self.bootstrap, prefix, root, env)
+        self.client = FlowClient(
+            Settings(bootstrap=self.bootstrap, topic_prefix=prefix, group=f"{prefix}-client")
+        )
+        self.expected = Expectations()
+        self.tokens: dict[str, str] = {}
+        self.faults: list[Fault] = []
+        self.actions: list[tuple[float, int, Callable[[], None]]] = []
+        self._sequence = 0
+        self._brokers_killed = 0
+        self._restarts: list[threading.Thread] = []
+        self.follow: Follow | None = None
+        self._pending_signals: dict[str, Callable[[], None]] = {}
+        self._pending_hooks: set[str] = set()
+
+    # -- the schedule ---------------------------------------------------------------------
+
+    def later(self, at: float, action: Callable[[], None]) -> None:
+        self._sequence += 1
+        heapq.heappush(self.actions, (at, self._sequence, action))
+
+    def _due(self, now: float) -> None:
+        while self.actions and self.actions[0][0] <= now:
+            _, _, action = heapq.heappop(self.actions)
+            action()
+
+    # -- runs -----------------------------------------------------------------------------
+
+    def _start_run(self, index: int, now: float) -> None:
+        run_id = f"r{index:05d}"
+        token = f"chaos-{self.prefix}-{index}-{secrets.token_hex(12)}"
+        self.tokens[run_id] = token
+        self.expected.runs.append(run_id)
+        self.expected.hooks[run_id] = HOOK_ID
+        signal_id = f"sig-{index}"
+        self.expected.signals[run_id] = [signal_id]
+        run_input = make_input(index, token_digest(token), self.random.randint(300, 2000))
+        mode = self.random.random()
+        send = self._signal_sender(run_id, signal_id)
+        if mode < 0.1:
+            send()  # before the run exists: it waits in the run's inbox
+        self.client.start(run_id, SPEC, run_input)
+        if 0.1 <= mode < 0.3:
+            self.later(now + self.random.uniform(0, 0.3), send)
+        elif mode >= 0.3:
+            self._pending_signals[run_id] = send
+        if self.random.random() < 0.15:
+            self.later(now + self.random.uniform(0.5, 3), send)  # the same signal id again
+        if self.random.random() < 0.05:
+            self.later(
+                now + self.random.uniform(1, 5), lambda: self.client.start(run_id, SPEC, run_input)
+            )
+        self._pending_hooks.add(run_id)
+
+    def _signal_sender(self, run_id: str, signal_id: str) -> Callable[[], None]:
+        def send() -> None:
+            self.client.signal(run_id, signal_id, SIGNAL_NAME, {"from": "driver", "id": signal_id})
+
+        return send
+
+    def _react(self, now: float) -> None:
+        """Signals for runs that wait for one, hook resumptions for runs whose hook exists."""
+        assert self.follow is not None
+        for run_id in list(self._pending_signals):
+            seen = self.follow.seen(run_id)
+            if seen is not None and seen.signal_wait is not None:
+                self.later(now + self.random.uniform(0, 0.5), self._pending_signals.pop(run_id))
+        for run_id in list(self._pending_hooks):
+            seen = self.follow.seen(run_id)
+            if seen is not None and seen.hook is not None:
+                self._pending_hooks.discard(run_id)
+                token = self.tokens[run_id]
+                self.later(
+                    now + self.random.uniform(0, 0.3),
+                    lambda t=token, r=run_id: self.client.resume_hook_by_token(t, {"run": r}),
+                )
+
+    def unfinished(self) -> list[str]:
+        assert self.follow is not None
+        follow = self.follow
+        return [r for r in self.expected.runs if (s := follow.seen(r)) is None or s.ended is None]
+
+    # -- faults ---------------------------------------------------------------------------
+
+    def inject(self, kind: str) -> None:
+        now = time.monotonic()
+        if kind == "broker-kill":
+            self._kill_broker(now)
+            return
+        candidates = self.workers.up()
+        if len(candidates) < 2:  # keep one worker serving
+            print(f"chaos: {kind} skipped, {len(candidates)} worker(s) up", flush=True)
+            return
+        victim = self.random.choice(sorted(candidates))
+        assert self.follow is not None
+        writers = self.follow.last_writers()
+        owned = sorted(p for p, w in writers.items() if w == victim)
+        spread = dict(sorted(Counter(writers.values()).items()))
+        fault = Fault(kind, now, victim, {"partitions": owned, "last_writers": spread})
+        self.faults.append(fault)
+        if kind == "worker-stop":
+            self.workers.pause(victim)
+            paused = self.random.uniform(*self.options.stop_s)
+            fault.detail["stopped_s"] = round(paused, 1)
+            self.later(now + paused, lambda: self.workers.resume(victim))
+        else:
+            self.workers.kill(victim, wipe=kind == "state-wipe")
+            self.later(now + self.options.worker_down, lambda: self.workers.start(victim))
+        print(f"chaos: {kind} {victim} (it wrote last on partitions {owned})", flush=True)
+
+    def _kill_broker(self, now: float) -> None:
+        admin = clients.new_admin(self.bootstrap)
+        leaders = {
+            p: meta.leader
+            for p, meta in admin.list_topics(self.topic, timeout=10)
+            .topics[self.topic]
+            .partitions.items()
+        }
+        coordinator = _group_coordinator(admin, f"{self.prefix}-group")
+        others = sorted({n.node_id for n in self.cluster.nodes} - {coordinator})
+        turn = self._brokers_killed % (len(others) + 1)
+        broker = coordinator if turn == 0 or coordinator < 0 else others[turn - 1]
+        self._brokers_killed += 1
+        led = sorted(p for p, leader in leaders.items() if leader == broker)
+        fault = Fault(
+            "broker-kill",
+            now,
+            f"broker-{broker}",
+            {"led": led, "group_coordinator": broker == coordinator},
+        )
+        self.faults.append(fault)
+        self.cluster.kill_node(broker)
+        print(
+            f"chaos: broker-kill node {broker} (led {led}, coordinator {coordinator})", flush=True
+        )
+
+        def restart() -> None:
+            began = time.monotonic()
+            try:
+                self.cluster.start_node(broker, timeout=180)
+                fault.detail["restart_s"] = round(time.monotonic() - began, 1)
+            except Exception as exc:
+                fault.detail["restart_error"] = str(exc)
+
+        def spawn() -> None:
+            thread = threading.Thread(target=restart, daemon=True)
+            thread.start()
+            self._restarts.append(thread)
+
+        self.later(now + self.options.broker_down, spawn)
+
+    def faults_undone(self) -> bool:
+        brokers_back = all(not t.is_alive() for t in self._restarts)
+        return not self.actions and brokers_back
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def drive(self) -> dict[str, Any]:
+        options = self.options
+        for i in range(options.workers):
+            self.workers.start(f"w{i + 1}")
+        ready_s = harness.wait_owned(list(self.workers.procs.values()), self.partitions, 180)
+        self.follow = Follow(self.bootstrap, self.topic, self.partitions)
+        window = options.minutes * 60
+        began = time.monotonic()
+        for at, kind in options.schedule():
+            self.later(began + at, lambda k=kind: self.inject(k))
+        started = 0
+        settled_at = None
+        while True:
+            now = time.monotonic()
+            while started < options.runs and now >= began + window * started / options.runs:
+                self._start_run(started, now)
+                started += 1
+            self._due(now)
+            self._react(now)
+            self.workers.check()
+            if now >= began + window and started == options.runs and self.faults_undone():
+                if not self.unfinished():
+                    settled_at = now
+                    break
+                if now > began + window + options.settle:
+                    break
+            time.sleep(0.05)
+        self.client.flush(60)
+        ended = time.monotonic()
+        return {
+            "workers_ready_s": round(ready_s, 1),
+            "drive_s": round(ended - began, 1),
+            "settle_s": None if settled_at is None else round(settled_at - began - window, 1),
+            "unfinished_at_end": len(self.unfinished()),
+        }
+
+    def figures(self) -> dict[str, Any]:
+        """Failover after each worker fault and the commit gaps after each broker kill."""
+        assert self.follow is not None
+        follow = self.follow
+        ends = [f.at for f in self.faults[1:]] + [float("inf")]
+        failover: dict[str, list[float]] = {"kill": [], "stop": []}
+        stalled = 0
+        gaps = []
+        for fault, next_at in zip(self.faults, ends, strict=True):
+            until = min(next_at, fault.at + _WINDOW_S)
+            if fault.kind == "broker-kill":
+                led = set(fault.detail["led"])
+                others = set(range(self.partitions)) - led
+                gap_until = min(next_at, fault.at + self.options.broker_down + 30)
+                for name, subset in (("other", others), ("all", set(range(self.partitions)))):
+                    found = commit_gap(follow, subset, fault.at, gap_until)
+                    fault.detail[f"gap_{name}_s"] = None if found is None else found[0]
+                    fault.detail[f"gap_{name}_from_s"] = None if found is None else found[1]
+                gaps.append(fault.detail)
+                continue
+            back = self.workers.back_at.get(fault.victim)
+            back_at = back if back is not None and back > fault.at else None
+            times = {}
+            for p in fault.detail["partitions"]:
+                with follow.lock:
+                    waited = progress_after(
+                        follow.arrivals[p], fault.at, until, fault.victim, back_at
+                    )
+                times[p] = None if waited is None else round(waited, 2)
+                if waited is None:
+                    stalled += 1
+                else:
+                    failover["stop" if fault.kind == "worker-stop" else "kill"].append(waited)
+            fault.detail["failover_s"] = times
+        kill_median, kill_max = _median_max(failover["kill"])
+        stop_median, stop_max = _median_max(failover["stop"])
+        return {
+            "faults_by_kind": dict(Counter(f.kind for f in self.faults)),
+            "faults": [{"kind": f.kind, "victim": f.victim, **f.detail} for f in self.faults],
+            "failover_kill_median_s": kill_median,
+            "failover_kill_max_s": kill_max,
+            "failover_stop_median_s": stop_median,
+            "failover_stop_max_s": stop_max,
+            "failover_partitions_without_progress": stalled,
+            "broker_kill_gap_other_max_s": max(
+                (g["gap_other_s"] for g in gaps if g["gap_other_s"] is not None), default=None
+            ),
+            "broker_kill_gap_all_max_s": max(
+                (g["gap_all_s"] for g in gaps if g["gap_all_s"] is not None), default=None
+            ),
+            "events_followed": follow.events,
+            "unplanned_worker_exits": self.workers.unplanned,
+            "worker_tracebacks": self.workers.tracebacks(),
+        }
+
+    def close(self) -> None:
+        for thread in self._restarts:
+            thread.join(240)
+        with contextlib.suppress(Exception):
+            self.client.close()
+        self.workers.stop_all()
+        if self.follow is not None:
+            self.follow.close()
+
+
+def _group_coordinator(admin: clients.AdminClient, group: str) -> int:
+    try:
+        (future,) = admin.describe_consumer_groups([group], request_timeout=10).values()
+        return int(future.result().coordinator.id)
+    except Exception:
+        return -1
+
+
+def _median_max(values: list[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    return round(statistics.median(values), 2), round(max(values), 2)
+
+
+def _wait_for_brokers(cluster: Cluster, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    expected = {node.node_id for node in cluster.nodes}
+    while set(clients.probe_brokers(cluster.bootstrap, 5) or ()) != expected:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the brokers of {cluster.bootstrap} did not all register")
+        time.sleep(0.5)
+
+
+def run_chaos(cluster: Cluster, options: ChaosOptions, root: Path) -> ChaosResult:
+    """Drive one chaos run on ``cluster`` (three running brokers) and audit it."""
+    _wait_for_brokers(cluster)
+    prefix = f"chaos-{uuid.uuid4().hex[:8]}"
+    topics.apply(cluster.bootstrap, load_topology(), prefix=prefix, replication_factor=3)
+    driver = _Driver(cluster, options, root, prefix)
+    began = time.monotonic()
+    try:
+        figures = driver.drive()
+        figures.update(driver.figures())
+    finally:
+        driver.close()
+    driver.expected.save(root / "expected.json")
+    for node in cluster.nodes:  # a broker still down would fail the audit's reads
+        cluster.start_node(node.node_id, timeout=180)
+    result = audit(cluster.bootstrap, prefix, driver.expected, driver.effects)
+    figures = {
+        "figure": "chaos",
+        "prefix": prefix,
+        "runs": options.runs,
+        "minutes": options.minutes,
+        "workers": options.workers,
+        "settings": options.settings,
+        **figures,
+        **result.figures,
+        "wall_s": round(time.monotonic() - began, 1),
+        **harness.machine(),
+    }
+    return ChaosResult(figures, result)
+
+
+def format_result(result: ChaosResult) -> Iterator[str]:
+    f = result.figures
+    yield (
+        f"chaos: {f['runs']} runs on {f['workers']} workers over {f['minutes']} min "
+        f"(drive {f['drive_s']} s, settled {f['settle_s']} s after the window, "
+        f"{f['unfinished_at_end']} unfinished), wall {f['wall_s']} s, load {f['loadavg_1m']}"
+    )
+    yield f"chaos: faults {f['faults_by_kind']}"
+    for fault in f["faults"]:
+        yield f"  {fault}"
+    yield (
+        f"chaos: failover after a worker kill: median {f['failover_kill_median_s']} s, max "
+        f"{f['failover_kill_max_s']} s; after a stop: median {f['failover_stop_median_s']} s, "
+        f"max {f['failover_stop_max_s']} s; partitions without progress in the window "
+        f"{f['failover_partitions_without_progress']}"
+    )
+    yield (
+        f"chaos: longest commit gap after a broker kill: {f['broker_kill_gap_other_max_s']} s "
+        f"on partitions it did not lead, {f['broker_kill_gap_all_max_s']} s on all"
+    )
+    yield (
+        f"chaos: unplanned worker exits {f['unplanned_worker_exits']}, tracebacks in worker "
+        f"logs {f['worker_tracebacks']}"
+    )
+    yield from format_audit(result.audit)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--short", action="store_true", help="the test's short form")
+    parser.add_argument("--runs", type=int, default=600)
+    parser.add_argument("--minutes", type=float, default=9.0, help="the fault window")
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--faults", default="", help="comma-separated kinds, in order")
+    parser.add_argument("--fault-every", type=float, default=40.0, help="seconds (no --faults)")
+    parser.add_argument("--worker-down", type=float, default=6.0)
+    parser.add_argument("--broker-down", type=float, default=10.0)
+    parser.add_argument("--settle", type=float, default=300.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--set", type=harness.setting, action="append", default=[], metavar="NAME=VALUE"
+    )
+    parser.add_argument("--home", type=Path, default=None, help="the cluster's home")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT_3)
+    parser.add_argument("--keep-cluster", action="store_true")
+    parser.add_argument("--data-dir", default=None, help="where worker state and logs go")
+    parser.add_argument("--out", default=None, help="append the figures as a JSON line")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.getLogger("flowstream.kafka").setLevel(logging.ERROR)  # brokers die on purpose
+    kinds = tuple(k for k in args.faults.split(",") if k)
+    unknown = set(kinds) - set(FAULT_KINDS)
+    if unknown:
+        raise SystemExit(f"unknown fault kinds {sorted(unknown)}; use {', '.join(FAULT_KINDS)}")
+    options = ChaosOptions(
+        runs=args.runs,
+        minutes=args.minutes,
+        workers=args.workers,
+        faults=kinds,
+        fault_every=args.fault_every,
+        worker_down=args.worker_down,
+        broker_down=args.broker_down,
+        settle=args.settle,
+        seed=args.seed,
+        settings=dict(args.set),
+    )
+    if args.short:
+        options = replace(SHORT, seed=args.seed, settings=dict(args.set))
+    home = args.home or Path.home() / ".cache" / "flowstream" / "chaos-kafka3"
+    cluster = Cluster(home, brokers=3, port=args.port)
+    started_here = not cluster.is_running()
+    cluster.start(fresh=started_here)
+    root = Path(tempfile.mkdtemp(prefix="chaos-", dir=args.data_dir))
+    print(f"chaos: cluster {cluster.bootstrap}, worker state and logs in {root}", flush=True)
+    try:
+        result = run_chaos(cluster, options, root)
+    finally:
+        if started_here and not args.keep_cluster:
+            cluster.stop()
+    for line in format_result(result):
+        print(line)
+    harness.emit(result.figures, args.out)
+    raise SystemExit(1 if result.audit.violation_count else 0)
+
+
+if __name__ == "__main__":
+    main()
