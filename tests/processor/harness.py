@@ -17,17 +17,21 @@ from flowstream.client import FlowClient
 from flowstream.kafka import topics
 from flowstream.model.events import EventEnvelope
 from flowstream.settings import Settings
-from flowstream.topology import load_topology
+from flowstream.topology import Topology, load_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def apply_topics(bootstrap: str, prefix: str, replication_factor: int = 1) -> None:
-    topics.apply(bootstrap, load_topology(), prefix=prefix, replication_factor=replication_factor)
+def apply_topics(
+    bootstrap: str, prefix: str, replication_factor: int = 1, topology: Topology | None = None
+) -> None:
+    topology = topology or load_topology()
+    topics.apply(bootstrap, topology, prefix=prefix, replication_factor=replication_factor)
 
 
 class Worker:
-    """One processor process; stdout/stderr go to ``<state>/<name>.log``."""
+    """One processor process; stdout/stderr go to ``<state>/<name>.log``; its instance id is
+    its name unless given."""
 
     def __init__(
         self,
@@ -41,6 +45,7 @@ class Worker:
         app: str | None = "tests.processor.apps:runtime",
         builds: tuple[str, ...] = (),
         extra_env: dict[str, str] | None = None,
+        instance_id: str | None = None,
     ) -> None:
         self.name = name
         self.log_path = state_dir / f"{name}.log"
@@ -59,7 +64,7 @@ class Worker:
             "--state-dir",
             str(state_dir / name),
             "--instance-id",
-            name,
+            instance_id or name,
         ]
         if app:
             command += ["--app", app]
@@ -248,13 +253,16 @@ def wait_until(predicate: object, timeout: float, message: str) -> None:
 class Cluster:
     """Topics under one prefix, a client, and the worker processes of one consumer group."""
 
-    def __init__(self, bootstrap: str, prefix: str, root: Path) -> None:
+    def __init__(
+        self, bootstrap: str, prefix: str, root: Path, topology: Topology | None = None
+    ) -> None:
         self.bootstrap = bootstrap
         self.prefix = prefix
         self.root = root
+        self.group = f"{prefix}-group"
         self.step_log = root / "steps.jsonl"
         self.workers: dict[str, Worker] = {}
-        apply_topics(bootstrap, prefix)
+        apply_topics(bootstrap, prefix, topology=topology)
         self.client = FlowClient(
             Settings(bootstrap=bootstrap, topic_prefix=prefix, group=f"{prefix}-client")
         )
@@ -264,16 +272,18 @@ class Cluster:
         name: str,
         extra_env: dict[str, str] | None = None,
         app: str = "tests.processor.apps:runtime",
+        instance_id: str | None = None,
     ) -> Worker:
         worker = Worker(
             name,
             bootstrap=self.bootstrap,
             prefix=self.prefix,
-            group=f"{self.prefix}-group",
+            group=self.group,
             state_dir=self.root / "state",
             step_log=self.step_log,
             app=app,
             extra_env=extra_env,
+            instance_id=instance_id,
         )
         self.workers[name] = worker
         return worker
