@@ -93,7 +93,7 @@ def worker_settings(args: argparse.Namespace, environ: Mapping[str, str] | None 
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from flowstream.processor.loop import Processor
+    from flowstream.processor.worker import Processor
 
     gc.set_threshold(*GC_THRESHOLDS)
 

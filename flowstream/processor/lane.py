@@ -9,6 +9,7 @@ would be joined forever.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import sys
 import threading
@@ -26,20 +27,41 @@ class Lane:
     """Runs submitted calls one after another on its own daemon thread."""
 
     def __init__(self, name: str) -> None:
+        self.name = name
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._busy_since: float | None = None
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, call: Callable[..., Any], *args: Any) -> Future[Any]:
+    def submit(
+        self,
+        call: Callable[..., Any],
+        *args: Any,
+        after: Future[Any] | None = None,
+        patience: float = 30.0,
+    ) -> Future[Any]:
+        """Run ``call(*args)`` once the calls submitted before it ran and ``after`` (a call of
+        another lane, say) is done; a ``TimeoutError`` if ``after`` is not done in ``patience``
+        seconds. The call's result or exception is the future's."""
         future: Future[Any] = Future()
-        self._queue.put((future, call, args))
+        self._queue.put((future, call, args, after, patience))
         return future
+
+    @staticmethod
+    def wait(future: Future[Any], timeout: float) -> bool:
+        """Wait up to ``timeout`` for a call of a lane; whether it is done."""
+        with contextlib.suppress(TimeoutError):
+            future.exception(timeout=timeout)
+        return future.done()
 
     def busy_for(self) -> float:
         """How long the call running now has run (0 when idle)."""
         since = self._busy_since
         return 0.0 if since is None else time.monotonic() - since
+
+    def renewed(self) -> Lane:
+        """A new lane of the same name (this one is given up with the call it is stuck in)."""
+        return Lane(self.name)
 
     def close(self) -> None:
         """Stop after the calls already submitted; a blocked call is left where it is."""
@@ -50,11 +72,13 @@ class Lane:
             item = self._queue.get()
             if item is _STOP:
                 return
-            future, call, args = item
+            future, call, args, after, patience = item
             if not future.set_running_or_notify_cancel():
                 continue
             self._busy_since = time.monotonic()
             try:
+                if after is not None:
+                    after.exception(timeout=patience)
                 result = call(*args)
             except BaseException as exc:  # handed to whoever waits on the future
                 future.set_exception(exc)

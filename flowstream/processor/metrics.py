@@ -43,6 +43,21 @@ class ProcessorMetrics:
             "Records of the events topic skipped during restore because they are not valid events",
             registry=r,
         )
+        self.workflow_failures = Counter(
+            "flowstream_workflow_task_failures",
+            "Decisions whose workflow code (or the engine around it) raised, by run",
+            registry=r,
+        )
+        self.quarantined_runs = Gauge(
+            "flowstream_quarantined_runs",
+            "Runs of the owned partitions whose history cannot be read completely",
+            registry=r,
+        )
+        self.records_left_out = Counter(
+            "flowstream_records_left_out",
+            "Dead letters the producer refused in full and in their minimal form",
+            registry=r,
+        )
         self.aborts = Counter("flowstream_transaction_aborts", "Aborted transactions", registry=r)
         self.producer_resets = Counter(
             "flowstream_producer_resets",

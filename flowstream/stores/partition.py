@@ -14,6 +14,8 @@ Extra keys beside the ``RocksDBEventStore`` layout:
 ``t<token digest>``                <run_id>\\0<hook_id> for token-only hook resumes (digest-keyed)
 ``u<run_id>``                      restored events of a live run whose wakeups and running-step
                                    entries are not built yet (``finish_restore`` builds them)
+``q<run_id>``                      the run is quarantined: its history cannot be read completely
+                                   (the value says why); it is never advanced
 
 Restore is the one path that takes events without building them: records on the events topic
 were validated by the processor that wrote them, so ``restore_event`` reads only the run id,
@@ -27,6 +29,7 @@ history is still fully decoded and validated whenever it is read (``_load``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
 
@@ -36,6 +39,7 @@ from flowstream import codec
 from flowstream.errors import FlowError, InvalidTransitionError, PayloadTooLargeError
 from flowstream.model.events import EventEnvelope, HookCreated
 from flowstream.model.snapshot import StepStatus
+from flowstream.replay.decide import is_suspended
 from flowstream.replay.state import RunState
 from flowstream.stores.base import MAX_EVENT_BYTES, Clock, IndexChanges, utc_now
 from flowstream.stores.rocksdb import RocksDBEventStore, put_append, wakeup_key
@@ -132,6 +136,9 @@ class PartitionStore(RocksDBEventStore):
         self._restored: dict[str, _Restored] = self._unindexed_runs()
         self._event_head = codec.default_codec().event_head
         self._restaged: set[str] = set()
+        self._quarantined = {
+            key[1:].decode(): bytes(value).decode() for key, value in self._scan(b"q")
+        }
 
     # -- encoding: Avro single-object, the same bytes as on the events topic --------------------
 
@@ -288,6 +295,14 @@ class PartitionStore(RocksDBEventStore):
 
     # -- restore ----------------------------------------------------------------------------
 
+    def meta(self, name: str) -> bytes | None:
+        """A value of the store's own metadata (``m/<name>``)."""
+        raw = self._db.get(b"m/" + name.encode())
+        return None if raw is None else bytes(raw)
+
+    def set_meta(self, name: str, value: bytes) -> None:
+        self._db.put(b"m/" + name.encode(), value, self._write_options)
+
     @property
     def events_offset(self) -> int:
         raw = self._db.get(_OFFSET_KEY)
@@ -305,6 +320,8 @@ class PartitionStore(RocksDBEventStore):
             envelope = codec.decode_event(raw)
             head = (envelope.run_id, envelope.sequence, envelope.event.type)
         run_id, sequence, kind = head
+        if run_id in self._quarantined:
+            return False  # its history stays where it broke
         held = self._restored.get(run_id)
         if held is None:
             if run_id in self._states or self._db.get(b"r" + run_id.encode()) is not None:
@@ -418,7 +435,7 @@ class PartitionStore(RocksDBEventStore):
                 continue
             for wakeup in state.wakeups():
                 batch.put(wakeup_key(wakeup), b"")
-            if _has_running_step(state):
+            if _has_running_step(state) or _needs_driving(state, self._clock()):
                 batch.put(b"x" + key, b"")
         self._db.write(batch, self._write_options)
         self._restored.clear()
@@ -472,8 +489,42 @@ class PartitionStore(RocksDBEventStore):
         return run_id, hook_id
 
     def running_runs(self) -> list[str]:
-        """Runs with a started, unsettled step: their attempts are re-run after a takeover."""
+        """Runs to drive after a takeover: those with a started, unsettled step (their attempts
+        are re-run), and those that waited on nothing when the last owner left them (its
+        workflow code raised, say)."""
         return [key[1:].decode() for key, _ in self._scan(b"x")]
+
+    def mark_to_drive(self, run_id: str) -> None:
+        """Drive ``run_id`` after the next takeover (its decision failed and may pass then)."""
+        self._stage().put(b"x" + run_id.encode(), b"")
+
+    # -- quarantine: runs whose history cannot be read completely --------------------------------
+
+    def quarantine(self, run_id: str, reason: str) -> None:
+        """Never advance ``run_id`` again: a record of its history cannot be read. Its later
+        records are skipped by the restore; the reason stays in RocksDB."""
+        key = run_id.encode()
+        batch = self._stage()
+        batch.put(b"q" + key, reason.encode())
+        batch.delete(b"x" + key)
+        batch.delete(b"u" + key)
+        self._quarantined[run_id] = reason
+        self._restored.pop(run_id, None)
+        self._restaged.discard(run_id)
+        self._states.pop(run_id, None)
+
+    def quarantined(self, run_id: str) -> str | None:
+        """Why ``run_id`` is quarantined, or ``None``."""
+        return self._quarantined.get(run_id)
+
+    @property
+    def quarantined_count(self) -> int:
+        return len(self._quarantined)
+
+
+def _needs_driving(state: RunState, now: datetime) -> bool:
+    """A live run that waits on nothing durable: only a decision moves it on."""
+    return not state.is_terminal and not is_suspended(state, now)
 
 
 def _drop_sealed(overlay: dict[K, V], sealed: dict[K, V]) -> None:

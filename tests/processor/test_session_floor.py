@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from flowstream.kafka import clients
-from flowstream.processor.loop import Processor
+from flowstream.processor.worker import Processor
 from flowstream.settings import Settings
 
 

@@ -1,0 +1,66 @@
+"""``FailureBoundary``: the one place where a failure of one run's code, or of the engine around
+it, is caught, counted and recorded, so no run can stop the processor."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+from flowstream.errors import FlowError, NonDeterministicError
+from flowstream.processor.context import Context
+from flowstream.processor.deadletters import DeadLetters
+
+__all__ = ["FailureBoundary", "describe"]
+
+LOG = logging.getLogger("flowstream.processor")
+
+
+def describe(exc: BaseException) -> str:
+    """One line naming what user code raised."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class FailureBoundary:
+    """Runs work for one run; what it raises is that run's failure, never the processor's.
+
+    * a ``NonDeterministicError`` is counted and dead-lettered for the run;
+    * another ``FlowError`` (a refusal the engine explains: an invalid transition, a conflict
+      it could not resolve) is logged for the run;
+    * anything else is workflow or step-handler code raising (or the engine failing on its
+      output): counted, logged in one line (the traceback at debug level), dead-lettered for
+      the run, and the run is marked to be driven again by the partition's next owner, so a
+      fixed deployment moves it on.
+    """
+
+    def __init__(self, ctx: Context, dead_letters: DeadLetters) -> None:
+        self.ctx = ctx
+        self.dead_letters = dead_letters
+
+    async def guard(self, task: Any, run_id: str, work: Awaitable[Any]) -> bool:
+        """Await ``work`` for ``run_id`` of ``task``; whether it finished without raising."""
+        try:
+            await work
+            return True
+        except NonDeterministicError as exc:
+            self.ctx.metrics.nondeterminism.inc()
+            LOG.error("%s", exc)
+            self.dead_letters.for_run(task.partition, run_id, str(exc))
+        except FlowError as exc:
+            LOG.warning("run %s: %s", run_id, exc)
+        except Exception as exc:
+            self.failed(task, run_id, exc)
+        return False
+
+    def failed(self, task: Any, run_id: str, exc: Exception, *, report: bool = True) -> None:
+        """Record that ``run_id``'s code raised ``exc`` (``report``: dead-letter it for the run;
+        a command being applied is dead-lettered with the reason instead)."""
+        self.ctx.metrics.workflow_failures.inc()
+        reason = f"run {run_id}: runtime code raised {describe(exc)}"
+        LOG.error("%s", reason)
+        LOG.debug("run %s: traceback", run_id, exc_info=exc)
+        if report:
+            self.dead_letters.for_run(task.partition, run_id, reason)
+        if task.store.exists(run_id):
+            task.store.mark_to_drive(run_id)

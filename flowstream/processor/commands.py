@@ -1,0 +1,237 @@
+"""``CommandHandler``: one consumed command, from its bytes to its effect on a partition's runs.
+
+Decode (undecodable or oversized → dead letter), check the key's partition, then dispatch by
+type. A command that has to wait is parked (``Inbox``); one the engine refuses is dead-lettered
+with the reason; workflow code that raises while the command is applied is that run's failure
+(``FailureBoundary``), and the command is dead-lettered with it. Nothing a command holds can
+stop the processor.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from typing import Any
+
+from flowstream import codec, wire
+from flowstream.errors import (
+    FlowError,
+    InvalidTransitionError,
+    NonDeterministicError,
+    RunNotFoundError,
+    RuntimeBuildUnavailableError,
+    SerializationError,
+)
+from flowstream.kafka import clients
+from flowstream.model.events import ChildWorkflowResolved
+from flowstream.model.messages import (
+    CancelRun,
+    CommandMessage,
+    DisposeHook,
+    FireTimer,
+    RegisterHookToken,
+    ResolveChild,
+    ResumeHook,
+    SendSignal,
+    StartRun,
+)
+from flowstream.partitioning import partition_for
+from flowstream.processor.boundary import FailureBoundary, describe
+from flowstream.processor.context import Context, routing_key
+from flowstream.processor.deadletters import DeadLetters
+from flowstream.processor.inbox import Inbox, Park
+from flowstream.processor.tasks import PartitionTask, TaskManager
+from flowstream.replay.decide import token_digest
+from flowstream.topology import EVENTS
+
+__all__ = ["CommandHandler"]
+
+LOG = logging.getLogger("flowstream.processor")
+
+
+class CommandHandler:
+    """Applies consumed commands to the partitions that own them."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        tasks: TaskManager,
+        dead_letters: DeadLetters,
+        boundary: FailureBoundary,
+    ) -> None:
+        self.ctx = ctx
+        self.tasks = tasks
+        self.dead_letters = dead_letters
+        self.boundary = boundary
+        self.inbox = Inbox(ctx, dead_letters, boundary, self.apply)
+
+    async def handle(self, message: Any) -> None:
+        """Apply one consumed record of a command topic inside the open transaction."""
+        if message.error() is not None:
+            if message.error().fatal():
+                raise clients.KafkaException(message.error())
+            return
+        partition = message.partition()
+        task = self.tasks.get(partition)
+        if task is None or task.restoring:
+            return
+        topic = message.topic()
+        began = time.perf_counter()
+        # Moved before the transaction begins: a transaction this command opens sends the
+        # moved position with its first fence, not again once the fence went through.
+        task.positions[topic] = message.offset() + 1
+        self.ctx.pipeline.begin().commands += 1
+        outcome = "applied"
+        try:
+            outcome = await self._handle(task, message)
+        except NonDeterministicError as exc:
+            self.ctx.metrics.nondeterminism.inc()
+            outcome = "deadletter"
+            self.dead_letters.for_message(message, str(exc))
+        except (FlowError, ValueError) as exc:
+            outcome = "deadletter"
+            self.dead_letters.for_message(message, str(exc))
+        except Exception as exc:  # workflow or step code raised: the run's failure
+            outcome = "deadletter"
+            run_id = (message.key() or b"").decode(errors="replace")
+            self.boundary.failed(task, run_id, exc, report=False)
+            self.dead_letters.for_message(message, f"runtime code raised {describe(exc)}")
+        self.ctx.metrics.commands.labels(topic=topic, outcome=outcome.split(":")[0]).inc()
+        self.ctx.metrics.decision_seconds.observe(time.perf_counter() - began)
+
+    async def _handle(self, task: PartitionTask, message: Any) -> str:
+        raw = message.value() or b""
+        limit = self.ctx.settings.max_message_bytes
+        if len(raw) > limit:
+            raise SerializationError(f"message of {len(raw)} bytes exceeds {limit}")
+        command = codec.decode_command(raw)
+        run_id = routing_key(command)
+        owner = partition_for(run_id, self.ctx.partitions)
+        if owner != task.partition:
+            raise InvalidTransitionError(
+                f"key {run_id} belongs to partition {owner}, not {task.partition}"
+            )
+        quarantined = task.store.quarantined(run_id)
+        if quarantined is not None:
+            raise InvalidTransitionError(f"run {run_id} is quarantined: {quarantined}")
+        try:
+            await self.apply(task, command)
+        except Park as park:
+            inbox_id = f"{message.topic()}:{task.partition}:{message.offset()}"
+            self.inbox.park(task, run_id, inbox_id, raw, park.reason)
+            return f"parked: {park.reason}"
+        # The run moved on (it may have created the hook a parked resume waits for): a failure
+        # there is that parked command's, not this one's.
+        await self.boundary.guard(task, run_id, self.inbox.drain(task, run_id))
+        return "applied"
+
+    async def apply(self, task: PartitionTask, command: CommandMessage) -> None:
+        """Apply one decoded command; raises ``Park`` when it has to wait."""
+        engine = task.engine
+        store = task.store
+        try:
+            match command:
+                case StartRun():
+                    engine.create(
+                        command.run_id,
+                        command.spec,
+                        command.input,
+                        parent=command.parent,
+                        depth=command.depth,
+                    )
+                    await engine.advance(command.run_id)
+                case SendSignal():
+                    if not store.exists(command.run_id):
+                        raise Park("run does not exist yet")
+                    await engine.send_signal(
+                        command.run_id, command.signal_id, command.name, command.payload
+                    )
+                case ResumeHook() if command.run_id is None:
+                    self._forward_by_token(task, command)
+                case ResumeHook():
+                    await self._resume_hook(task, command)
+                case RegisterHookToken():
+                    self._register_token(task, command)
+                case DisposeHook():
+                    if not store.exists(command.run_id):
+                        raise Park("run does not exist yet")
+                    await engine.dispose_hook(command.run_id, command.hook_id)
+                case CancelRun():
+                    if command.force:
+                        await engine.force_cancel(command.run_id, command.reason)
+                    else:
+                        await engine.request_cancellation(command.run_id, command.reason)
+                case FireTimer():
+                    task.fired.pop((command.run_id, command.kind, command.subject_id), None)
+                    if not store.exists(command.run_id):
+                        return
+                    now = max(self.ctx.clock(), command.due)
+                    if command.kind == "wait":
+                        await engine.resume_wait(command.run_id, command.subject_id, now=now)
+                    else:
+                        await engine.advance(command.run_id, now=now)
+                case ResolveChild():
+                    await self._resolve_child(task, command)
+        except RuntimeBuildUnavailableError as exc:
+            self.ctx.metrics.parked_for_build.inc()
+            raise Park(str(exc)) from exc
+
+    def _register_token(self, task: PartitionTask, command: RegisterHookToken) -> None:
+        task.store.index_hook_token(command.token_digest, command.run_id, command.hook_id)
+        self.ctx.produce(
+            self.ctx.topics[EVENTS],
+            task.partition,
+            command.token_digest,
+            wire.hook_token_value(command.token_digest, command.run_id, command.hook_id),
+            [(wire.RECORD_HEADER, wire.RecordKind.HOOK_TOKEN.value.encode())],
+        )
+
+    def _forward_by_token(self, task: PartitionTask, command: ResumeHook) -> None:
+        """A token-only resume landed on the digest's partition: send it to the hook's run."""
+        assert command.token is not None
+        owner = task.store.hook_token_owner(token_digest(command.token.get_secret_value()))
+        if owner is None:
+            raise InvalidTransitionError("no hook is registered for the presented token")
+        run_id, hook_id = owner
+        self.ctx.emit(
+            ResumeHook(run_id=run_id, hook_id=hook_id, token=command.token, payload=command.payload)
+        )
+
+    async def _resume_hook(self, task: PartitionTask, command: ResumeHook) -> None:
+        assert command.run_id is not None and command.hook_id is not None
+        if not task.store.exists(command.run_id):
+            raise Park("run does not exist yet")
+        state = task.store.state(command.run_id)
+        hook = state.hooks.get(command.hook_id)
+        if hook is None and not state.is_terminal:
+            raise Park(f"hook {command.hook_id} does not exist yet")
+        presented = None if command.token is None else command.token.get_secret_value()
+        if (
+            hook is not None
+            and presented is not None
+            and not hmac.compare_digest(hook.token_digest, token_digest(presented))
+        ):
+            raise InvalidTransitionError(
+                f"the presented token does not match hook {command.hook_id}",
+                run_id=command.run_id,
+            )
+        await task.engine.resume_hook(command.run_id, command.hook_id, command.payload)
+
+    async def _resolve_child(self, task: PartitionTask, command: ResolveChild) -> None:
+        if not task.store.exists(command.run_id):
+            raise RunNotFoundError(command.run_id)
+        state = task.store.state(command.run_id)
+        child = state.children.get(command.child_id)
+        if child is None or child.run_id != command.child_run_id:
+            raise InvalidTransitionError(
+                f"run {command.run_id} has no child {command.child_id} with run "
+                f"{command.child_run_id}"
+            )
+        if child.outcome is None and not state.is_terminal:
+            task.store.append_if_sequence(
+                state.run_id,
+                state.last_sequence,
+                [ChildWorkflowResolved(child_id=command.child_id, outcome=command.outcome)],
+            )
+        await task.engine.advance(command.run_id)

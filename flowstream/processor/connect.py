@@ -1,0 +1,155 @@
+"""Connecting a processor: the topics checked against the topology, the clients built, and an
+instance id refused while another live member of the group uses it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from flowstream.errors import FlowError
+from flowstream.kafka import clients
+from flowstream.settings import Settings
+from flowstream.topology import DEADLETTER, EVENTS, TopologyError
+
+if TYPE_CHECKING:
+    from flowstream.processor.worker import Processor
+
+__all__ = ["InstanceInUseError", "connect_clients", "debug_config", "session_timeout_ms"]
+
+LOG = logging.getLogger("flowstream.processor")
+
+
+class InstanceInUseError(FlowError):
+    """Another live member of the group runs with this processor's instance id."""
+
+
+def debug_config(settings: Settings) -> dict[str, str]:
+    """librdkafka's ``debug`` setting, when some contexts were asked for."""
+    return {"debug": settings.kafka_debug} if settings.kafka_debug else {}
+
+
+def client_id(settings: Settings) -> str:
+    return f"{settings.group}/{settings.instance_id}"
+
+
+def connect_clients(processor: Processor) -> None:
+    """Verify the topics, refuse an instance id in use, build the producers and consumers."""
+    s = processor.settings
+    ctx = processor.ctx
+    admin = clients.new_admin(s.bootstrap)
+    brokers = verify_topics(processor, admin)
+    session_ms = session_timeout_ms(s, admin, brokers)
+    refuse_instance_in_use(s, admin, session_ms)
+    processor.pipeline.start()
+    consumer = clients.new_consumer(
+        s.bootstrap,
+        s.group,
+        {
+            "client.id": client_id(s),
+            "session.timeout.ms": session_ms,
+            "max.poll.interval.ms": s.max_poll_interval_ms,
+            # A fifth of the session: a member misses four heartbeats before it is expired, and
+            # a survivor hears of a rebalance within a fifth of the session.
+            "heartbeat.interval.ms": max(100, session_ms // 5),
+            **debug_config(s),
+        },
+    )
+    processor.consumer = processor.tasks.consumer = consumer
+    # The restorer reads partitions to their end: a fetch that finds nothing new (a partition a
+    # transaction marker behind) returns at once rather than after 500 ms.
+    processor.restorer.consumer = clients.new_consumer(
+        s.bootstrap, f"{s.group}-restore-unused", {"fetch.wait.max.ms": 10}
+    )
+
+    def new_watermarks() -> Any:
+        return clients.new_consumer(
+            s.bootstrap, f"{s.group}-watermarks-unused", {"isolation.level": "read_uncommitted"}
+        )
+
+    processor.tasks.new_watermarks = new_watermarks
+    processor.tasks.watermarks = new_watermarks()
+    del ctx
+    consumer.subscribe(
+        processor.tasks.command_topics,
+        on_assign=processor.on_assign,
+        on_revoke=processor.on_revoke,
+        on_lost=processor.on_lost,
+    )
+
+
+def verify_topics(processor: Processor, admin: Any) -> list[int]:
+    """Check the topics against the topology; read the dead-letter topic's partition count and
+    the events topic's id. Returns the ids of the brokers."""
+    ctx = processor.ctx
+    metadata = admin.list_topics(timeout=15)
+    counts = {name: len(t.partitions) for name, t in metadata.topics.items()}
+    problems = []
+    for suffix, name in ctx.topics.items():
+        if name not in counts:
+            problems.append(f"topic {name} is missing")
+        elif suffix != DEADLETTER and counts[name] != ctx.partitions:
+            problems.append(f"topic {name} has {counts[name]} partitions, expected {ctx.partitions}")
+    if problems:
+        raise TopologyError("; ".join(problems) + " (run `flowstream topics apply` with this prefix)")
+    ctx.deadletter_partitions = max(1, counts[ctx.topics[DEADLETTER]])
+    events = ctx.topics[EVENTS]
+    try:
+        described = admin.describe_topics(clients.TopicCollection([events]))[events].result(15)
+        processor.restorer.topic_id = str(described.topic_id)
+    except (clients.KafkaException, AttributeError, KeyError) as exc:
+        LOG.info("the events topic's id is unknown (%s): stores are not checked against it", exc)
+    return [int(broker) for broker in metadata.brokers]
+
+
+def session_timeout_ms(settings: Settings, admin: Any, brokers: list[int]) -> int:
+    """The configured session timeout, raised to the brokers' floor
+    (``group.min.session.timeout.ms``, 6 s unless lowered) instead of failing to join."""
+    wanted = settings.session_timeout_ms
+    if not brokers:
+        return wanted
+    resource = clients.ConfigResource(clients.ResourceType.BROKER, str(min(brokers)))
+    try:
+        found = admin.describe_configs([resource], request_timeout=10)[resource].result(15)
+        floor = int(found["group.min.session.timeout.ms"].value)
+    except (clients.KafkaException, KeyError, TypeError, ValueError) as exc:
+        LOG.info("no group.min.session.timeout.ms (%s); asking for %d ms", exc, wanted)
+        return wanted
+    if wanted < floor:
+        LOG.warning(
+            "session timeout %d ms is below the brokers' group.min.session.timeout.ms=%d: "
+            "using %d ms (lower the brokers' floor for a faster failover)",
+            wanted,
+            floor,
+            floor,
+        )
+        return floor
+    return wanted
+
+
+def refuse_instance_in_use(settings: Settings, admin: Any, session_ms: int) -> None:
+    """Raise ``InstanceInUseError`` while a member of the group has this instance's client id
+    for longer than a session (a killed predecessor's membership expires within one): starting
+    would fence the other member's producers and steal its transactional ids."""
+    wanted = client_id(settings)
+    deadline = time.monotonic() + session_ms / 1000 * 1.5 + 1
+    while True:
+        hosts = _members_with(admin, settings.group, wanted)
+        if not hosts:
+            return
+        if time.monotonic() > deadline:
+            raise InstanceInUseError(
+                f"instance id {settings.instance_id!r} is in use by a live member of group "
+                f"{settings.group!r} ({', '.join(sorted(hosts))}); give each worker its own "
+                "--instance-id"
+            )
+        time.sleep(0.5)
+
+
+def _members_with(admin: Any, group: str, wanted: str) -> set[str]:
+    try:
+        found = admin.describe_consumer_groups([group], request_timeout=10)[group].result(15)
+    except (clients.KafkaException, KeyError, AttributeError) as exc:
+        LOG.info("group %s could not be described (%s): instance id not checked", group, exc)
+        return set()
+    return {m.host for m in getattr(found, "members", []) if m.client_id == wanted}

@@ -1,0 +1,166 @@
+"""``PartitionHost``: what the transaction pipeline asks of the owned partitions (their positions,
+sealing and writing their staged state, rewinding them), and how a partition task is built."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from flowstream import wire
+from flowstream.kafka import clients
+from flowstream.model.events import EventEnvelope, HookCreated
+from flowstream.model.messages import RegisterHookToken
+from flowstream.processor.connect import debug_config
+from flowstream.processor.engine import PartitionEngine
+from flowstream.processor.tasks import PartitionTask
+from flowstream.processor.txn.errors import retrying
+from flowstream.processor.txn.slot import ProducerSlot
+from flowstream.stores.partition import PartitionStore
+from flowstream.topology import EVENTS
+
+if TYPE_CHECKING:
+    from flowstream.processor.worker import Processor
+
+__all__ = ["PartitionHost"]
+
+
+class PartitionHost:
+    """The pipeline's host: the processor's partitions as the transactions see them."""
+
+    def __init__(self, processor: Processor) -> None:
+        self.p = processor
+
+    # -- building ------------------------------------------------------------------------------
+
+    def build(self, partition: int, path: Path, positions: dict[str, int]) -> PartitionTask:
+        """A task for ``partition`` with its store at ``path``."""
+        p = self.p
+        ctx = p.ctx
+        events = ctx.topics[EVENTS]
+        headers = wire.event_headers(p.settings.instance_id)
+        holder: dict[str, PartitionTask] = {}
+
+        def sink(run_id: str, envelopes: list[EventEnvelope], encoded: list[bytes]) -> None:
+            for envelope, data in zip(envelopes, encoded, strict=True):
+                ctx.produce(events, partition, run_id, data, headers)
+                event = envelope.event
+                if isinstance(event, HookCreated):
+                    ctx.emit(
+                        RegisterHookToken(
+                            token_digest=event.token_digest, run_id=run_id, hook_id=event.hook_id
+                        )
+                    )
+            ctx.metrics.events_appended.inc(len(envelopes))
+
+        store = PartitionStore(partition, path, sink, clock=ctx.clock)
+        engine = PartitionEngine(
+            store,
+            p.runtimes,
+            dispatch=lambda run_id, steps: p.steps.dispatch(holder["task"], run_id, steps),
+            emit=ctx.emit,
+            clock=ctx.clock,
+            on_conflict=ctx.metrics.conflicts.inc,
+        )
+        task = PartitionTask(partition, store, engine, dict(positions), dict(positions))
+        holder["task"] = task
+        return task
+
+    def new_producer(self, slot: ProducerSlot) -> Any:
+        """A transactional producer of this instance, initialised: any transaction an earlier
+        producer of the same ``transactional.id`` left open is aborted first."""
+        s = self.p.settings
+        slot.generation += 1
+        generation = slot.generation
+
+        def delivered(err: Any, message: Any) -> None:
+            if generation == slot.generation:  # not a report of a producer replaced since
+                slot.delivered(err, message)
+
+        suffix = f".{slot.index}" if slot.index else ""
+        producer = clients.new_transactional_producer(
+            s.bootstrap,
+            f"{s.group}-{s.instance_id}{suffix}",
+            {
+                "transaction.timeout.ms": s.transaction_timeout_ms,
+                "message.max.bytes": 4 * 1024 * 1024,
+                "linger.ms": 1,
+                # No error_cb: confluent-kafka calls it for a fatal error with that error
+                # already pending as the exception of the flush() or poll() that serves it, so
+                # any builtin the callback calls fails with SystemError. Without one, the call
+                # raises the error itself, as a bare KafkaError (``clients.as_exception``).
+                "on_delivery": delivered,
+                **debug_config(s),
+            },
+        )
+        retrying(lambda: producer.init_transactions(30))
+        return producer
+
+    # -- what the pipeline asks ----------------------------------------------------------------
+
+    def positions(self) -> list[Any]:
+        return self.p.tasks.positions()
+
+    def group_metadata(self) -> Any:
+        return self.p.consumer.consumer_group_metadata()
+
+    def seal(self) -> list[PartitionTask]:
+        active = self.p.tasks.active()
+        for task in active:
+            if task.store.has_staged:
+                task.store.seal()
+            task.sealed_outbox, task.outbox = task.outbox, []
+            task.sealed_positions = dict(task.positions)
+        return active
+
+    def anchors(self, sealed: list[PartitionTask]) -> list[int]:
+        """Steps sealed with this transaction will append outcomes to a task's events partition
+        in the next one: those it starts once committed, or, started eagerly, those running."""
+        eager = self.p.settings.eager_steps
+        return [
+            t.partition
+            for t in sealed
+            if (any(item in t.inflight for item in t.sealed_outbox) if eager else t.sealed_outbox)
+        ]
+
+    def settled(
+        self, sealed: list[PartitionTask], events_end: dict[int, int], start_steps: bool
+    ) -> None:
+        if self.p.settings.eager_steps:
+            start_steps = False  # each started as it was decided
+        for task in sealed:
+            if self.p.tasks.get(task.partition) is not task:
+                continue
+            task.store.commit_sealed(events_end.get(task.partition))
+            task.committed = task.sealed_positions
+            for item in task.sealed_outbox if start_steps else ():
+                self.p.steps.start(task, item)
+            task.sealed_outbox = []
+
+    def aborted(self, failed: list[tuple[str, bytes | None]]) -> None:
+        """Rewind every partition to its last commit. The commands among the runs the abort
+        threw away are read again; the others (whose step outcomes were lost) are driven again,
+        which dispatches their running steps anew."""
+        self.p.dead_letters.blame(failed)
+        consumer = self.p.consumer
+        for task in self.p.tasks.owned.values():
+            runs = task.store.discard()
+            if runs and not task.restoring:
+                task.to_drive.extend(sorted(runs - set(task.to_drive)))
+            task.outbox.clear()
+            task.sealed_outbox = []
+            task.fired.clear()
+            task.positions = dict(task.committed)
+            if task.restoring:
+                continue
+            for topic, position in task.positions.items():
+                if position >= 0:
+                    with contextlib.suppress(clients.KafkaException):
+                        consumer.seek(clients.TopicPartition(topic, task.partition, position))
+
+    def retake(self, retake: bool) -> None:
+        tasks = self.p.tasks
+        taken = self.p.consumer.assignment() if retake else []
+        tasks.drop(set(tasks.owned))
+        if taken:
+            tasks.take(taken, seek=True)

@@ -1,0 +1,231 @@
+"""``StateRestorer``: a newly owned partition's store catches up with its events partition before
+the partition decides anything.
+
+Its target is the events partition's true high watermark (read ``read_uncommitted``: a
+``read_committed`` watermark is the last stable offset, which under-reads after two quick
+handovers). Every restoring partition is fetched at once, in bounded slices of the loop, and is
+done by *position* (commit markers occupy offsets). A stored offset above the high watermark
+means the store belongs to another incarnation of the topic: it is rebuilt from the start.
+
+A record that cannot be read (an unknown writer schema during a rolling deploy, bytes that do
+not decode, an event that does not follow its run's history) quarantines its run: the run is
+never advanced, its later records are skipped, and its commands are dead-lettered with the
+reason, so no sequence number is ever handed out twice. On activation nothing unbounded runs
+inside a transaction: the open one is committed first, and the runs to drive and the inbox to
+retry go to the ``Sweeper``, a budget per iteration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from typing import Any
+
+from flowstream import wire
+from flowstream.kafka import clients
+from flowstream.processor.context import Context
+from flowstream.processor.steps import StepRunner
+from flowstream.processor.tasks import PartitionTask, TaskManager
+from flowstream.topology import EVENTS
+
+__all__ = ["StateRestorer"]
+
+LOG = logging.getLogger("flowstream.processor")
+
+#: A restore target (high watermark) that could not be read is asked for again after this long.
+_TARGET_RETRY_S = 0.5
+#: A partition at most this many records behind its restore target is fetched before the others.
+_NEAR_RESTORED = 100
+#: A restore that makes no progress for this long is reported (a hanging transaction, a log
+#: truncated below the target), again every such period.
+_STALL_S = 60.0
+
+
+class StateRestorer:
+    """Restores the partitions that wait for it, a slice per loop iteration."""
+
+    def __init__(self, ctx: Context, tasks: TaskManager, steps: StepRunner) -> None:
+        self.ctx = ctx
+        self.tasks = tasks
+        self.steps = steps
+        self.consumer: Any = None
+        self.topic_id: str | None = None
+        self.ready = asyncio.Event()
+        self._fetching: dict[int, PartitionTask] = {}
+        self._targets_retry_at = 0.0
+
+    async def restore_slice(self) -> None:
+        """One bounded step of restoring every partition that waits for it."""
+        pipeline = self.ctx.pipeline
+        if pipeline.active() and any(t.restore_target is None for t in self.tasks.restoring()):
+            # Asking for targets can wait on a broker (a leader moving): no transaction of the
+            # active partitions waits with it, where it could outlive its timeout.
+            pipeline.commit_all()
+        for task in self.tasks.restoring():
+            if task.restore_target is None and not self._target(task):
+                break  # the others next time: the loop goes on meanwhile
+        ready = [t for t in self.tasks.restoring() if t.restore_target is not None]
+        for task in ready:
+            if (task.events_end or 0) >= (task.restore_target or 0):
+                self.activate(task)
+        fetching = {t.partition: t for t in ready if t.restoring}
+        # Partitions nearly caught up (typically this member's own, a transaction marker behind)
+        # first: in one fetch with long restores they would wait behind those records.
+        near = {
+            p: t
+            for p, t in fetching.items()
+            if (t.restore_target or 0) - (t.events_end or 0) <= _NEAR_RESTORED
+        }
+        fetching = near or fetching
+        events = self.ctx.topics[EVENTS]
+        if fetching != self._fetching:
+            # A partition joined, finished or went away: fetch the others from where they are.
+            self._fetching = fetching
+            self.consumer.assign(
+                [clients.TopicPartition(events, p, t.events_end or 0) for p, t in fetching.items()]
+            )
+        if not fetching:
+            return
+        first = self.consumer.poll(0.02)
+        messages = [] if first is None else [first, *self.consumer.consume(499, timeout=0)]
+        for message in messages:
+            if message.error() is not None:
+                continue
+            task = fetching.get(int(message.partition() or 0))
+            offset = int(message.offset() or 0)
+            if task is None or offset < (task.events_end or 0):
+                continue  # fetched for an assignment that has changed since
+            self._record(task, message)
+            task.events_end = offset + 1
+        # The position passes transaction markers and aborted records, which consume() skips.
+        for tp in self.consumer.position(
+            [clients.TopicPartition(events, partition) for partition in fetching]
+        ):
+            task = fetching[tp.partition]
+            moved = max(task.events_end or 0, tp.offset) > (task.events_end or 0)
+            task.events_end = max(task.events_end or 0, tp.offset)
+            if task.store.has_staged or task.events_end != task.store.events_offset:
+                task.store.commit_local(task.events_end)
+            if moved or messages:
+                task.last_progress = time.monotonic()
+            self._check_stall(task)
+            if task.events_end >= (task.restore_target or 0):
+                self.activate(task)
+
+    def _target(self, task: PartitionTask) -> bool:
+        """Read ``task``'s restore target; False if the broker could not say (asked again)."""
+        if time.monotonic() < self._targets_retry_at:
+            return False
+        tp = clients.TopicPartition(self.ctx.topics[EVENTS], task.partition)
+        try:
+            low, high = self.tasks.watermarks.get_watermark_offsets(tp, timeout=5, cached=False)
+        except clients.KafkaException as exc:
+            if exc.args[0].fatal():
+                raise
+            LOG.warning("partition %d: no high watermark yet (%s); retrying", task.partition, exc)
+            # Its view of the partition may be stale (a leader moved while a broker was down,
+            # the partition unknown since): ask again soon with a fresh client.
+            with contextlib.suppress(Exception):
+                self.tasks.watermarks.close()
+            self.tasks.watermarks = self.tasks.new_watermarks()
+            self._targets_retry_at = time.monotonic() + _TARGET_RETRY_S
+            return False
+        stored = task.store.events_offset
+        foreign = self._foreign(task, stored, low, high)
+        if foreign is not None:
+            task = self.tasks.rebuild(task, foreign)
+            stored = 0
+        if self.topic_id is not None:
+            task.store.set_meta("topic_id", self.topic_id.encode())
+        task.restore_target = high
+        task.events_end = stored
+        task.last_progress = time.monotonic()
+        LOG.info("partition %d: restoring events %d..%d", task.partition, stored, high)
+        return True
+
+    def _foreign(self, task: PartitionTask, stored: int, low: int, high: int) -> str | None:
+        """Why the store cannot be a cache of this events partition, or ``None``."""
+        recorded = task.store.meta("topic_id")
+        if recorded is not None and self.topic_id is not None and recorded.decode() != self.topic_id:
+            return "its store was written from another events topic of that name (recreated?)"
+        if stored > high:
+            return f"its store reflects offset {stored}, beyond the topic's end {high}"
+        if 0 < stored < low:
+            return f"its store reflects offset {stored}, before the topic's start {low}"
+        return None
+
+    def _check_stall(self, task: PartitionTask) -> None:
+        stalled = time.monotonic() - task.last_progress
+        if stalled > _STALL_S:
+            LOG.error(
+                "partition %d: restore at %d of %d made no progress for %.0f s; check the "
+                "brokers (a hanging transaction, a truncated log)",
+                task.partition,
+                task.events_end or 0,
+                task.restore_target or 0,
+                stalled,
+            )
+            task.last_progress = time.monotonic()
+
+    def _record(self, task: PartitionTask, message: Any) -> None:
+        """Apply one record of the events partition; one that cannot be read quarantines its
+        run (never skipped silently: the run's history would resume on a shorter prefix)."""
+        kind = wire.kind_of(message)
+        value = message.value() or b""
+        try:
+            if kind is wire.RecordKind.EVENT:
+                task.store.restore_event(value)
+            elif kind is wire.RecordKind.INBOX:
+                run_id, inbox_id, raw = wire.split_inbox(value)
+                task.store.park(run_id, inbox_id, raw)
+            elif kind is wire.RecordKind.INBOX_DONE:
+                run_id, inbox_id, _ = wire.split_inbox(value)
+                task.store.unpark(run_id, inbox_id)
+            elif kind is wire.RecordKind.HOOK_TOKEN:
+                task.store.index_hook_token(*wire.split_hook_token(value))
+        except Exception as exc:  # noqa: BLE001 - any record, any failure: one run's problem
+            self._quarantine(task, message, exc)
+
+    def _quarantine(self, task: PartitionTask, message: Any, exc: Exception) -> None:
+        where = f"{message.topic()}[{message.partition()}]@{message.offset()}"
+        self.ctx.metrics.corrupt_records.inc()
+        run_id = getattr(exc, "run_id", None) or (message.key() or b"").decode(errors="replace")
+        if not run_id:
+            LOG.error("skipping a record with no run at %s: %s", where, exc)
+            return
+        reason = f"{where} cannot be read: {exc}"
+        LOG.error("run %s is quarantined: %s", run_id, reason)
+        task.store.quarantine(run_id, reason)
+
+    def activate(self, task: PartitionTask) -> None:
+        """Restored: resume the command partitions; what is to be driven goes to the sweeper."""
+        pipeline = self.ctx.pipeline
+        if pipeline.active():
+            pipeline.commit_all()  # finish_restore is long for many live runs: no txn waits
+            if self.tasks.get(task.partition) is not task:
+                return
+        for run_id, exc in task.store.finish_restore():
+            self.ctx.metrics.corrupt_records.inc()
+            reason = f"its history does not validate: {exc}"
+            LOG.error("partition %d: run %s is quarantined: %s", task.partition, run_id, reason)
+            task.store.quarantine(run_id, reason)
+        if task.store.has_staged:
+            task.store.commit_local(task.store.events_offset)
+        task.restoring = False
+        took = time.monotonic() - task.restore_began
+        self.ctx.metrics.restore_seconds.observe(took)
+        self.ctx.metrics.quarantined_runs.set(
+            sum(t.store.quarantined_count for t in self.tasks.owned.values())
+        )
+        LOG.info("partition %d: restored in %.3f s", task.partition, took)
+        self.tasks.consumer.resume(
+            [clients.TopicPartition(topic, task.partition) for topic in self.tasks.command_topics]
+        )
+        self.steps.results.extend(self.steps.held.pop(task.partition, []))
+        task.to_drive = deque(task.store.running_runs())
+        task.to_retry = deque(task.store.parked(None)) if task.store.has_parked() else deque()
+        if not self.ready.is_set() and not self.tasks.restoring():
+            self.ready.set()

@@ -1,0 +1,162 @@
+"""``PartitionTask`` (one owned partition: its store, engine, positions and in-flight work) and
+``TaskManager`` (taking, owning and dropping partitions as the group assigns them)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import shutil
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flowstream.kafka import clients
+from flowstream.processor.context import Context
+from flowstream.processor.engine import PartitionEngine
+from flowstream.processor.txn.errors import patiently
+from flowstream.stores.partition import PartitionStore
+from flowstream.topology import CMD_CANCEL, CMD_HOOK, CMD_SIGNAL, CMD_START, CMD_TIMER, TopologyError
+
+__all__ = ["PartitionTask", "StepItem", "TaskManager", "state_path"]
+
+LOG = logging.getLogger("flowstream.processor")
+
+#: A step attempt: (run id, step id, attempt).
+StepItem = tuple[str, str, int]
+
+
+@dataclass(eq=False)
+class PartitionTask:
+    """One owned partition number: its store, engine, positions and in-flight work."""
+
+    partition: int
+    store: PartitionStore
+    engine: PartitionEngine
+    positions: dict[str, int]
+    committed: dict[str, int]
+    restoring: bool = True
+    restore_target: int | None = None
+    restore_began: float = field(default_factory=time.monotonic)
+    last_progress: float = field(default_factory=time.monotonic)
+    events_end: int | None = None
+    fired: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    outbox: list[StepItem] = field(default_factory=list)
+    # Step attempts this owner started and has no outcome of yet. Per owner: a task left from
+    # an earlier owner of the partition number (before a reset) never blocks this one's.
+    inflight: set[StepItem] = field(default_factory=set)
+    # What the transaction being committed holds: its steps and consumer positions.
+    sealed_outbox: list[StepItem] = field(default_factory=list)
+    sealed_positions: dict[str, int] = field(default_factory=dict)
+    # Runs still to drive after the restore or an abort, a budget of them per iteration.
+    to_drive: deque[str] = field(default_factory=deque)
+    # Parked commands still to retry after the restore, a budget per iteration.
+    to_retry: deque[tuple[str, str, bytes]] = field(default_factory=deque)
+
+
+def state_path(root: Path, group: str, prefix: str, partition: int) -> Path:
+    """Where a partition's store lives: named by group, topic prefix and partition, so two
+    deployments that share a state directory never share a store."""
+    return root / group / prefix / f"p{partition:04d}"
+
+
+class TaskManager:
+    """The owned partitions, and the group's assignments applied to them."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        build: Callable[[int, Path, dict[str, int]], PartitionTask],
+        *,
+        state_root: Path,
+    ) -> None:
+        self.ctx = ctx
+        self._build = build
+        self.state_root = state_root
+        self.owned: dict[int, PartitionTask] = {}
+        self.command_topics = [
+            ctx.topics[s] for s in (CMD_START, CMD_SIGNAL, CMD_HOOK, CMD_CANCEL, CMD_TIMER)
+        ]
+        self.consumer: Any = None
+        self.watermarks: Any = None
+        #: A new ``read_uncommitted`` client for the events partitions' true high watermarks.
+        self.new_watermarks: Callable[[], Any] = lambda: None
+        #: Called with the partitions that were dropped (their held step results go).
+        self.on_taken: Callable[[set[int]], None] = lambda partitions: None
+
+    def get(self, partition: int) -> PartitionTask | None:
+        return self.owned.get(partition)
+
+    def active(self) -> list[PartitionTask]:
+        return [t for t in self.owned.values() if not t.restoring]
+
+    def restoring(self) -> list[PartitionTask]:
+        return [t for t in self.owned.values() if t.restoring]
+
+    def positions(self) -> list[Any]:
+        """The consumer position of every command partition of every active partition."""
+        return [
+            clients.TopicPartition(topic, task.partition, position)
+            for task in self.owned.values()
+            if not task.restoring
+            for topic, position in task.positions.items()
+            if position >= 0
+        ]
+
+    def take(self, assigned: list[Any], *, seek: bool = False) -> None:
+        """Own the partitions of ``assigned`` from their committed positions: paused until
+        restored; ``seek`` moves the consumer back there (when taking them again)."""
+        consumer = self.consumer
+        consumer.pause(assigned)
+        committed = patiently(lambda: consumer.committed(assigned, timeout=20))
+        by_partition: dict[int, dict[str, int]] = {}
+        for tp in committed:
+            position = tp.offset
+            if position < 0:
+                where = clients.TopicPartition(tp.topic, tp.partition)
+                low, _ = patiently(
+                    functools.partial(self.watermarks.get_watermark_offsets, where, timeout=10)
+                )
+                position = low
+            by_partition.setdefault(tp.partition, {})[tp.topic] = position
+            if seek:
+                consumer.seek(clients.TopicPartition(tp.topic, tp.partition, position))
+        self.on_taken(set(by_partition))
+        for partition, positions in by_partition.items():
+            if set(positions) != set(self.command_topics):
+                raise TopologyError(
+                    f"partition {partition} was assigned for only some command topics; "
+                    "use the range assignor with equal partition counts"
+                )
+            self.own(partition, positions)
+
+    def own(self, partition: int, positions: dict[str, int]) -> None:
+        path = state_path(
+            self.state_root, self.ctx.settings.group, self.ctx.settings.topic_prefix, partition
+        )
+        self.owned[partition] = self._build(partition, path, positions)
+
+    def drop(self, partitions: set[int]) -> None:
+        for partition in partitions:
+            task = self.owned.pop(partition, None)
+            if task is not None:
+                task.store.discard()
+                task.store.close()
+
+    def rebuild(self, task: PartitionTask, why: str) -> PartitionTask:
+        """Throw a partition's store away and restore it from the events topic from the start."""
+        LOG.warning("partition %d: %s; rebuilding its state from the events topic", task.partition, why)
+        path = Path(task.store.path)
+        task.store.close()
+        shutil.rmtree(path, ignore_errors=True)
+        fresh = self._build(task.partition, path, dict(task.positions))
+        fresh.committed = dict(task.committed)
+        self.owned[task.partition] = fresh
+        return fresh
+
+    def close(self) -> None:
+        for task in list(self.owned.values()):
+            task.store.close()
+        self.owned.clear()

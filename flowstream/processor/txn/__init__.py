@@ -1,0 +1,1 @@
+"""The transaction pipeline: two transactional producers taking turns, a declared state machine."""

@@ -1,0 +1,431 @@
+"""``TransactionPipeline``: the processor's Kafka transactions, two producers taking turns.
+
+Each transaction is a :class:`Txn` whose state moves only along :data:`TRANSITIONS`:
+
+    BEGUN ──▶ FENCING ──▶ OPEN ──▶ SEALED ──▶ COMMITTED
+      └──────────┴──────────┴────────┴──────▶ ABORTED
+
+* **BEGUN**: ``begin_transaction`` ran on its producer; no positions could be sent (nothing is
+  owned). Its records wait; sealed like this, it aborts (an ungated transaction never commits).
+* **FENCING**: its lane sends the consumer positions of every command partition of every active
+  partition, with the group metadata (the fence: the coordinator refuses it from a member that
+  lost its generation, KIP-447). Its records wait in memory.
+* **OPEN**: the fence went through, and the transaction before it (if one commits) has written
+  its records (``precommit``): records are produced directly.
+* **SEALED**: nothing more joins it. Its lane produces what was held back, sends moved
+  positions again, waits until every record is written (``precommit``), checks that no record
+  failed, and commits. At most one transaction is sealed at a time.
+
+The ordering gates, checked in code rather than promised in comments:
+
+1. a record is produced only by an OPEN transaction (:meth:`TransactionPipeline._gate_open`):
+   its own fence is done and the sealed one's ``precommit`` is set, so its records land after
+   the sealed one's in every partition, and its positions after the sealed one's (the group
+   keeps the positions written last): every fence of a transaction begun while another commits
+   is chained on that one's ``precommit`` (the lane runs it only after);
+2. nothing commits after a produce error: the lane checks the slot's errors after the last
+   record is written and before ``commit_transaction``; an error found after the commit is not
+   an abort (Kafka kept the transaction) but an :class:`InDoubt` outcome, and the partitions are
+   restored from the events topic;
+3. every transaction that commits sent positions with the group metadata, and a transaction
+   with no positions aborts;
+4. a transaction opened while another commits commits only after it: a seal waits until no
+   transaction is sealed.
+
+The next transaction is begun on the other producer while the open one still decides (the
+*spare*), so it never waits for the coordinator to finish the previous one
+(``CONCURRENT_TRANSACTIONS``). An abort of either throws both away (the open one was decided on
+top of the sealed one); a fenced producer replaces both.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from flowstream.kafka import clients
+from flowstream.processor.txn.errors import Abort, InDoubt, is_fatal, retrying
+from flowstream.processor.txn.recovery import PipelineRecovery
+from flowstream.processor.txn.slot import ProducerSlot, Record
+from flowstream.processor.txn.state import PipelineHost, Txn, TxnState, offsets_key
+
+__all__ = ["TransactionPipeline"]
+
+LOG = logging.getLogger("flowstream.processor")
+
+
+class TransactionPipeline(PipelineRecovery):
+    """The open, spare and sealed transactions over two producer slots."""
+
+    def __init__(
+        self,
+        host: PipelineHost,
+        new_producer: Callable[[ProducerSlot], Any],
+        *,
+        stuck_s: float,
+        metrics: Any,
+        events_topic: str,
+        lanes: tuple[Any, Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.host = host
+        self._new_producer = new_producer
+        self.stuck_s = stuck_s
+        self.metrics = metrics
+        self._lanes = lanes
+        self._clock = clock
+        self.slots = (ProducerSlot(0, lanes and lanes[0]), ProducerSlot(1, lanes and lanes[1]))
+        for slot in self.slots:
+            slot.events_topic = events_topic
+        #: The slot the next open transaction begins on (never the sealed one's).
+        self._slot = self.slots[0]
+        self.open: Txn | None = None
+        self.spare: Txn | None = None
+        self.sealed: Txn | None = None
+        self._numbers = 0
+        self._metadata: Any = None
+        self._resets: list[float] = []
+        self._began_commit = 0.0
+
+    def start(self) -> None:
+        for slot in self.slots:
+            slot.producer = self._new_producer(slot)
+
+    # -- what the loop asks ------------------------------------------------------------------
+
+    @property
+    def decided(self) -> bool:
+        """Decisions were taken in the open transaction."""
+        return self.open is not None and self.open.decided
+
+    @property
+    def busy(self) -> bool:
+        """A commit is in flight, or records wait for a fence."""
+        return self.sealed is not None or (self.open is not None and bool(self.open.deferred))
+
+    def active(self) -> bool:
+        return self.open is not None or self.sealed is not None or self.spare is not None
+
+    def forget_metadata(self) -> None:
+        """A rebalance changes the group metadata."""
+        self._metadata = None
+
+    def stuck(self) -> bool:
+        return max(float(slot.lane.busy_for()) for slot in self.slots) > self.stuck_s
+
+    def idle_eager(self, idle_s: float) -> bool:
+        """The open transaction was begun eagerly and nothing joined it for ``idle_s``."""
+        txn = self.open
+        since = None if txn is None or txn.decided else txn.idle_since
+        return since is not None and self._clock() - since >= idle_s
+
+    # -- opening -------------------------------------------------------------------------------
+
+    def begin(self) -> Txn:
+        """The open transaction, begun on Kafka if it is not; decisions now join it."""
+        txn = self.open if self.open is not None else self._begin_on_kafka()
+        if not txn.decided:
+            txn.decided = True
+            txn.began = self._clock()
+            txn.commands = 0
+            txn.idle_since = None
+        return txn
+
+    def produce(self, record: Record) -> None:
+        """Produce ``record`` in the open transaction, or hold it until the fence went through."""
+        txn = self.begin()
+        if txn.state is TxnState.OPEN:
+            txn.slot.send(record)
+        else:
+            txn.deferred.append(record)
+
+    def _begin_on_kafka(self, anchors: list[int] | None = None) -> Txn:
+        """Begin a transaction on the open slot and send its positions (the fence) from its
+        lane, after the sealed one's records; ``anchors``: events partitions to register with
+        it right after the fence, each by an empty record (every reader skips it)."""
+        slot = self._slot
+        self._numbers += 1
+        txn = Txn(self._numbers, slot)
+        self.open = txn
+        try:
+            try:
+                slot.begin()
+            except clients.KafkaException as exc:
+                if exc.args[0].fatal():
+                    raise
+                retrying(lambda: slot.producer.abort_transaction(30), attempts=20)
+                slot.begin()
+        except clients.KafkaException as exc:
+            # Fenced: the work goes on into a transaction that cannot commit, and its seal
+            # replaces the producers. (Callers are in the middle of a decision.)
+            slot.error = exc.args[0]
+            return txn
+        offsets = self.host.positions()
+        if offsets:
+            self._fence(txn, offsets, anchors or [], after=self._precommit())
+        return txn
+
+    def _precommit(self) -> Future[None] | None:
+        return None if self.sealed is None else self.sealed.precommit
+
+    def _fence(
+        self,
+        txn: Txn,
+        offsets: list[Any] | None,
+        anchors: list[int],
+        *,
+        after: Future[Any] | None,
+    ) -> None:
+        """Submit the call that sends ``txn``'s positions (and registers its anchors) once
+        ``after`` is done; a transaction is FENCING until that call returned."""
+        metadata = self.group_metadata() if offsets else None
+        if offsets:
+            txn.fenced = offsets_key(offsets)
+        if txn.state is TxnState.BEGUN:
+            txn.move(TxnState.FENCING)
+        before = txn.fence
+        txn.fence = txn.slot.lane.submit(
+            self._send_fence,
+            txn,
+            offsets,
+            metadata,
+            anchors,
+            before,
+            after=after,
+            patience=self.stuck_s,
+        )
+
+    def _send_fence(
+        self,
+        txn: Txn,
+        offsets: list[Any] | None,
+        metadata: Any,
+        anchors: list[int],
+        before: Future[None] | None,
+    ) -> None:
+        """In the slot's lane: register the anchors and send the positions."""
+        slot = txn.slot
+        if before is not None and before.exception() is not None:
+            raise Abort(f"an earlier fence failed: {before.exception()}")
+        for partition in anchors:
+            slot.send(Record(slot.events_topic, partition, b"", b"", _ANCHOR_HEADERS))
+        if offsets is not None:
+            self.send_offsets(slot.producer, offsets, metadata)
+        if anchors:
+            slot.producer.flush(30)
+        if slot.error is not None and is_fatal(slot.error):
+            raise clients.KafkaException(slot.error)
+
+    @staticmethod
+    def send_offsets(producer: Any, offsets: list[Any], metadata: Any) -> None:
+        retrying(lambda: producer.send_offsets_to_transaction(offsets, metadata, 30))
+
+    def release(self) -> None:
+        """Once the open transaction's fence went through (and so the sealed one's records
+        were written), its held records go out and the next go out directly."""
+        txn = self.open
+        if txn is None or txn.state is not TxnState.FENCING or not self._gate_open(txn):
+            return
+        txn.move(TxnState.OPEN)
+        records, txn.deferred = txn.deferred, []
+        for record in records:
+            txn.slot.send(record)
+
+    def _gate_open(self, txn: Txn) -> bool:
+        fence = txn.fence
+        if fence is None or not fence.done() or fence.exception() is not None:
+            return False
+        precommit = self._precommit()
+        return precommit is None or precommit.done()
+
+    def refence(self) -> None:
+        """Send the open transaction's positions again as soon as the commands it applied moved
+        them, while its records are written, rather than at the seal, where the commit would
+        wait for those round trips. Once per transaction."""
+        txn = self.open
+        if self.spare is not None or txn is None or txn.refenced or txn.fence is None:
+            return
+        self.release()
+        if txn.state is not TxnState.OPEN:
+            return
+        offsets = self.host.positions()
+        if not offsets or offsets_key(offsets) == txn.fenced:
+            return
+        txn.refenced = True
+        self._fence(txn, offsets, [], after=self._precommit())
+
+    def begin_spare(self) -> None:
+        """Begin the transaction after the open one on the other producer while nothing is
+        sealed; its positions go out after the open one's (so the group keeps the later)."""
+        txn = self.open
+        if self.spare is not None or self.sealed is not None or txn is None:
+            return
+        if txn.fence is None or not (txn.decided or txn.eager):
+            return
+        slot = self._other(txn.slot)
+        if slot.begun:
+            return
+        offsets = self.host.positions()
+        if not offsets:
+            return
+        try:
+            slot.begin()
+        except clients.KafkaException:
+            return  # begun as usual when it is needed, and the error met then
+        self._numbers += 1
+        spare = Txn(self._numbers, slot)
+        self.spare = spare
+        self._fence(spare, offsets, [], after=txn.fence)
+
+    def group_metadata(self) -> Any:
+        """Fetched once per generation: it costs more than beginning a transaction."""
+        if self._metadata is None:
+            self._metadata = self.host.group_metadata()
+        return self._metadata
+
+    def _other(self, slot: ProducerSlot) -> ProducerSlot:
+        return self.slots[1 - slot.index]
+
+    # -- sealing and committing --------------------------------------------------------------
+
+    def seal(self, *, retake: bool = True, reopen: bool = True) -> None:
+        """Seal the open transaction and hand its commit to its slot's lane; with ``reopen``, a
+        transaction that carried decisions is followed at once by the next (on the other
+        producer), anchored where the steps it starts will report."""
+        if self.sealed is not None:
+            raise AssertionError("a transaction is sealed already: settle it first")
+        offsets = self.host.positions()
+        if not offsets:
+            self.abort("no valid consumer positions to gate the transaction", retake=retake)
+            return
+        txn = self.open if self.open is not None else self._begin_on_kafka()
+        if txn.state is TxnState.BEGUN and txn.slot.error is None:
+            self._fence(txn, offsets, [], after=None)  # begun while nothing was owned
+        self.release()
+        records, txn.deferred = txn.deferred, []
+        moved = offsets_key(offsets) != txn.fenced
+        metadata = self.group_metadata() if moved else None
+        txn.sealed = self.host.seal()
+        eager = txn.decided and reopen
+        txn.move(TxnState.SEALED)
+        txn.precommit = Future()
+        fence, txn.fence = txn.fence, None
+        txn.commit = txn.slot.lane.submit(
+            self._commit_blocking,
+            txn,
+            fence,
+            records,
+            offsets if moved else None,
+            metadata,
+        )
+        self.sealed = txn
+        self.open = None
+        self._slot = self._other(txn.slot)
+        self._began_commit = self._clock()
+        anchors = self.host.anchors(txn.sealed) if eager else []
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            self.open = spare
+            # Positions the sealed one sends again go out after the spare's: follow them.
+            # Chained on the sealed one's precommit in every case (its records come first).
+            self._fence(
+                spare, self.host.positions() if moved else None, anchors, after=txn.precommit
+            )
+        elif eager:
+            self._begin_on_kafka(anchors)
+        if self.open is not None:
+            self.open.eager = eager
+
+    def _commit_blocking(
+        self,
+        txn: Txn,
+        fence: Future[None] | None,
+        records: list[Record],
+        offsets: list[Any] | None,
+        metadata: Any,
+    ) -> None:
+        """In the slot's lane: check the fence, produce what was held back, send moved
+        positions, wait until every record is written, check none failed, commit."""
+        slot = txn.slot
+        producer = slot.producer
+        assert txn.precommit is not None
+        try:
+            if slot.error is not None:
+                raise Abort(f"the transaction cannot commit: {slot.error}")
+            if fence is None:
+                raise Abort("the transaction sent no positions")
+            if fence.exception() is not None:
+                raise fence.exception()  # type: ignore[misc]
+            for record in records:
+                slot.send(record)
+            if offsets is not None:
+                self.send_offsets(producer, offsets, metadata)
+            if producer.flush(30):
+                raise Abort("records were not delivered within 30 s")
+            if slot.error is not None:
+                raise Abort(f"a record was not written: {slot.error}")
+        finally:
+            txn.precommit.set_result(None)
+        retrying(lambda: producer.commit_transaction(30))
+        slot.begun = False
+        producer.poll(0)
+        if slot.error is not None:
+            raise InDoubt(f"committed, then a delivery report said: {slot.error}")
+
+    def settle(self, *, start_steps: bool = True, retake: bool = True) -> None:
+        """Wait for the sealed transaction's commit, then hand its state to the host; or abort."""
+        txn = self.sealed
+        if txn is None:
+            return
+        assert txn.commit is not None
+        if not self.wait(txn.commit):
+            self.give_up(retake=retake)
+            return
+        try:
+            txn.commit.result()
+        except InDoubt as exc:
+            LOG.error("a commit's outcome is in doubt (%s): restoring from the events topic", exc)
+            self.reset(
+                clients.KafkaException(clients.KafkaError(clients.KafkaError._STATE, str(exc))),
+                retake=retake,
+                why="reported an error after its commit",
+            )
+            return
+        except (clients.KafkaException, Abort, TimeoutError) as exc:
+            fatal = exc if isinstance(exc, clients.KafkaException) and exc.args[0].fatal() else None
+            self.abort(str(exc) or type(exc).__name__, retake=retake, fatal=fatal)
+            return
+        except Exception as exc:
+            # A client library failing in a way it does not document (a fenced producer's
+            # flush() once raised SystemError): the transaction is lost all the same.
+            LOG.error("the commit failed unexpectedly", exc_info=exc)
+            self.abort(f"{type(exc).__name__}: {exc}", retake=retake)
+            return
+        txn.move(TxnState.COMMITTED)
+        self.sealed = None
+        self.host.settled(txn.sealed, txn.slot.events_end, start_steps)
+        self.metrics.transaction_seconds.observe(self._clock() - self._began_commit)
+        if self.open is not None and not self.open.decided:
+            # Begun eagerly when this one was sealed: if nothing joins it soon, it commits
+            # alone (its positions and anchors) and is not reopened.
+            self.open.idle_since = self._clock()
+
+    def commit_all(self, *, start_steps: bool = True, retake: bool = True) -> None:
+        """Commit everything staged so far and wait for it (shutdown, revocation, restore)."""
+        self.settle(start_steps=start_steps, retake=retake)
+        for _ in range(2):
+            if self.open is None:
+                break
+            self.seal(retake=retake, reopen=False)
+            self.settle(start_steps=start_steps, retake=retake)
+
+    def close(self) -> None:
+        for slot in self.slots:
+            slot.flush()
+            slot.lane.close()
+
+
+_ANCHOR_HEADERS = [("flowstream-record", b"anchor")]

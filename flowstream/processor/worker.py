@@ -1,0 +1,229 @@
+"""``Processor``: one member of the consumer group that owns partitions of the run-keyed topics.
+
+It builds the clients and the parts, runs the loop and shuts down. One iteration
+(:meth:`Processor.iteration`):
+
+1. settle the commit in flight if it finished (the sealed RocksDB batches are written, the steps
+   their ``step_started`` made durable start), or give up a producer whose call hangs;
+2. poll the command topics (rebalance callbacks run inside the poll);
+3. restore newly assigned partitions from the events topic, a bounded slice (``StateRestorer``);
+4. apply each command inside the open transaction (``CommandHandler``);
+5. record step outcomes that came back, and drive their runs (``StepRunner``);
+6. drive a budget of the runs a restore or an abort left to drive (``Sweeper``);
+7. fire a budget of due timers (``TimerPunctuator``);
+8. seal the open transaction when nothing more is about to join it (``TransactionPipeline``).
+
+Owning partition *p* means every command topic's partition *p* is assigned to this member.
+Partitions are restored before any decision, and every transaction carries consumer positions
+with the group metadata, so a member that lost a partition can never make an event for it
+visible. Every call into user code goes through one ``FailureBoundary``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from flowstream.kafka import clients
+from flowstream.processor.boundary import FailureBoundary
+from flowstream.processor.commands import CommandHandler
+from flowstream.processor.connect import connect_clients
+from flowstream.processor.context import Context
+from flowstream.processor.deadletters import DeadLetters
+from flowstream.processor.metrics import ProcessorMetrics
+from flowstream.processor.partitions import PartitionHost
+from flowstream.processor.restore import StateRestorer
+from flowstream.processor.steps import StepRunner
+from flowstream.processor.sweeps import Sweeper
+from flowstream.processor.tasks import TaskManager
+from flowstream.processor.timers import TimerPunctuator
+from flowstream.processor.txn.pipeline import TransactionPipeline
+from flowstream.runtime import FlowRuntime
+from flowstream.settings import Settings
+from flowstream.stores.base import Clock, utc_now
+from flowstream.topology import Topology, load_topology
+
+__all__ = ["Processor"]
+
+LOG = logging.getLogger("flowstream.processor")
+
+#: While steps run, the loop waits this long at most for an outcome before polling again.
+_STEP_WAIT_S = 0.002
+#: An eager transaction (begun right after a commit that carried decisions) that no decision
+#: joined within this long commits alone, well inside any transaction timeout.
+_EAGER_IDLE_S = 0.2
+
+
+class Processor:
+    """A consumer-group member that drives the runs of the partitions it owns."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        runtimes: Mapping[str | None, FlowRuntime],
+        *,
+        topology: Topology | None = None,
+        clock: Clock = utc_now,
+        metrics: ProcessorMetrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.runtimes = dict(runtimes)
+        self.metrics = metrics or ProcessorMetrics()
+        ctx = self.ctx = Context(settings, topology or load_topology(), self.metrics, clock)
+        self.dead_letters = DeadLetters(ctx)
+        self.boundary = FailureBoundary(ctx, self.dead_letters)
+        self.host = PartitionHost(self)
+        self.tasks = TaskManager(ctx, self.host.build, state_root=Path(settings.state_dir))
+        self.commands = CommandHandler(ctx, self.tasks, self.dead_letters, self.boundary)
+        self.steps = StepRunner(ctx, self.tasks, self.boundary, self.commands.inbox)
+        self.tasks.on_taken = self.steps.forget
+        self.restorer = StateRestorer(ctx, self.tasks, self.steps)
+        self.sweeper = Sweeper(ctx, self.tasks, self.boundary, self.commands.inbox)
+        self.timers = TimerPunctuator(ctx, self.tasks)
+        # A transactional call running longer than this never returns (see ``lane``): the
+        # producer is given up. Well beyond a transaction's life, which ends it anyway.
+        stuck_s = max(15.0, 2 * settings.transaction_timeout_ms / 1000)
+        ctx.pipeline = self.pipeline = TransactionPipeline(
+            self.host,
+            self.host.new_producer,
+            stuck_s=stuck_s,
+            metrics=self.metrics,
+            events_topic=ctx.topics["events"],
+        )
+        self.consumer: Any = None
+        self._fatal: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def ready(self) -> asyncio.Event:
+        """Set once every partition assigned at the start is restored."""
+        return self.restorer.ready
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Process until ``stop`` is set; commits what is open and leaves the group cleanly."""
+        self._loop = asyncio.get_running_loop()
+        connect_clients(self)
+        try:
+            while not stop.is_set():
+                await self.iteration()
+            self.pipeline.commit_all()
+        finally:
+            self.steps.close()
+            with contextlib.suppress(Exception):
+                self.consumer.close()
+            self.tasks.close()
+            for close in (self.restorer.consumer.close, self.tasks.watermarks.close):
+                with contextlib.suppress(Exception):
+                    close()
+            self.pipeline.close()
+
+    async def iteration(self) -> None:
+        pipeline = self.pipeline
+        if pipeline.stuck():
+            pipeline.give_up(retake=True)
+        if pipeline.sealed is not None and pipeline.sealed.commit is not None:
+            if pipeline.sealed.commit.done():
+                pipeline.settle()
+        pipeline.release()
+        messages = await self._poll()
+        if self._fatal is not None:
+            raise self._fatal
+        self.metrics.owned_partitions.set(len(self.tasks.active()))
+        if self.tasks.restoring():
+            await self.restorer.restore_slice()
+        for message in messages:
+            await self.commands.handle(message)
+        await self.steps.chain()
+        if self.sweeper.pending():
+            await self.sweeper.sweep()
+        self.timers.fire()
+        pipeline.refence()
+        pipeline.begin_spare()
+        if pipeline.decided and pipeline.sealed is None and self._should_commit():
+            pipeline.seal()
+        elif pipeline.idle_eager(_EAGER_IDLE_S):
+            pipeline.seal()  # nothing joined it: commit the positions alone, do not reopen
+
+    async def _poll(self) -> list[Any]:
+        steps = self.steps
+        if steps.results or self.tasks.restoring() or self.sweeper.pending():
+            return list(self.consumer.consume(num_messages=500, timeout=0))
+        if steps.running or self.pipeline.busy:
+            # Steps run or a commit is in flight: take what is already fetched, or else wait
+            # on the loop for an outcome or the commit (a short while at most).
+            messages = self.consumer.consume(num_messages=500, timeout=0)
+            if not messages:
+                steps.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(steps.wake.wait(), _STEP_WAIT_S)
+            return list(messages)
+        # Nothing runs here: block in a thread until a command arrives.
+        assert self._loop is not None
+        return await self._loop.run_in_executor(None, self._wait_for_messages, 0.05)
+
+    def _should_commit(self) -> bool:
+        """Commit when nothing more is about to join the open transaction: no outcome queued
+        and none due from the steps the last commit started. The linger, the commit interval
+        and the batch size bound how long events wait."""
+        txn = self.pipeline.open
+        assert txn is not None
+        settings = self.settings
+        age = time.monotonic() - txn.began
+        if age >= settings.commit_interval_ms / 1000:
+            return True
+        if txn.commands >= settings.max_commands_per_transaction:
+            return True
+        if self.steps.results:
+            return False
+        linger = settings.commit_linger_ms / 1000
+        return age >= linger or not self.steps.should_wait(linger)
+
+    def _wait_for_messages(self, timeout: float) -> list[Any]:
+        """Block until one message arrives, then take whatever else is already fetched."""
+        first = self.consumer.poll(timeout)
+        if first is None:
+            return []
+        return [first, *self.consumer.consume(num_messages=499, timeout=0)]
+
+    def wake_loop(self, _: Any = None) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.steps.wake.set)
+
+    # -- rebalance (callbacks run inside the consumer's poll) -----------------------------------
+
+    def on_assign(self, consumer: Any, assigned: list[Any]) -> None:
+        self.pipeline.forget_metadata()
+        try:
+            if not assigned:
+                return
+            LOG.info("assigned partitions %s", sorted({tp.partition for tp in assigned}))
+            consumer.assign(assigned)
+            self.tasks.take(assigned)
+        except BaseException as exc:  # surfaced by the loop; callbacks must not raise
+            self._fatal = exc
+
+    def on_revoke(self, consumer: Any, revoked: list[Any]) -> None:
+        self.pipeline.forget_metadata()
+        LOG.info("revoked partitions %s", sorted({tp.partition for tp in revoked}))
+        try:
+            self.pipeline.commit_all(start_steps=False, retake=False)
+        except BaseException as exc:
+            self._fatal = exc
+        self.tasks.drop({tp.partition for tp in revoked})
+
+    def on_lost(self, consumer: Any, lost: list[Any]) -> None:
+        self.pipeline.forget_metadata()
+        LOG.warning("lost partitions %s", sorted({tp.partition for tp in lost}))
+        try:
+            if self.pipeline.active():
+                # Never wait on a call that may hang (a dead coordinator): the partitions are
+                # gone already, and what this member had open cannot commit.
+                self.pipeline.abort("partitions lost", retake=False, patience=0.5)
+        except BaseException as exc:
+            self._fatal = exc
+        self.tasks.drop({tp.partition for tp in lost})
