@@ -89,9 +89,13 @@ def verify_topics(processor: Processor, admin: Any) -> list[int]:
         if name not in counts:
             problems.append(f"topic {name} is missing")
         elif suffix != DEADLETTER and counts[name] != ctx.partitions:
-            problems.append(f"topic {name} has {counts[name]} partitions, expected {ctx.partitions}")
+            problems.append(
+                f"topic {name} has {counts[name]} partitions, expected {ctx.partitions}"
+            )
     if problems:
-        raise TopologyError("; ".join(problems) + " (run `flowstream topics apply` with this prefix)")
+        raise TopologyError(
+            "; ".join(problems) + " (run `flowstream topics apply` with this prefix)"
+        )
     ctx.deadletter_partitions = max(1, counts[ctx.topics[DEADLETTER]])
     events = ctx.topics[EVENTS]
     try:

@@ -51,7 +51,9 @@ class DeadLetters:
             reason,
         )
 
-    def for_source(self, partition: int, key: bytes, raw: bytes | None, reason: str, *, source: str) -> None:
+    def for_source(
+        self, partition: int, key: bytes, raw: bytes | None, reason: str, *, source: str
+    ) -> None:
         """Dead-letter what an inbox id (``topic:partition:offset``) or a run names."""
         topic, _, rest = source.rpartition(":")
         topic, _, part = topic.rpartition(":")
@@ -97,7 +99,9 @@ class DeadLetters:
             b"",
             codec.encode_message(
                 DeadLetter(
-                    source_topic=topic, partition=partition, offset=offset,
+                    source_topic=topic,
+                    partition=partition,
+                    offset=offset,
                     reason=reason[:_REASON_CHARS],
                 )
             ),
@@ -107,7 +111,11 @@ class DeadLetters:
             self.ctx.pipeline.produce(minimal)
             return
         record = DeadLetter(
-            source_topic=topic, partition=partition, offset=offset, key=key, reason=reason,
+            source_topic=topic,
+            partition=partition,
+            offset=offset,
+            key=key,
+            reason=reason,
             value=value,
         )
         self.ctx.pipeline.produce(
@@ -132,6 +140,4 @@ class DeadLetters:
                 continue
             source = (letter.source_topic, letter.partition, letter.offset)
             self._failures[source] = self._failures.get(source, 0) + 1
-            LOG.warning(
-                "the dead letter of %s[%d]@%d failed (%d)", *source, self._failures[source]
-            )
+            LOG.warning("the dead letter of %s[%d]@%d failed (%d)", *source, self._failures[source])

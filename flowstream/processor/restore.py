@@ -94,12 +94,12 @@ class StateRestorer:
         for message in messages:
             if message.error() is not None:
                 continue
-            task = fetching.get(int(message.partition() or 0))
+            target = fetching.get(int(message.partition() or 0))
             offset = int(message.offset() or 0)
-            if task is None or offset < (task.events_end or 0):
+            if target is None or offset < (target.events_end or 0):
                 continue  # fetched for an assignment that has changed since
-            self._record(task, message)
-            task.events_end = offset + 1
+            self._record(target, message)
+            target.events_end = offset + 1
         # The position passes transaction markers and aborted records, which consume() skips.
         for tp in self.consumer.position(
             [clients.TopicPartition(events, partition) for partition in fetching]
@@ -149,7 +149,11 @@ class StateRestorer:
     def _foreign(self, task: PartitionTask, stored: int, low: int, high: int) -> str | None:
         """Why the store cannot be a cache of this events partition, or ``None``."""
         recorded = task.store.meta("topic_id")
-        if recorded is not None and self.topic_id is not None and recorded.decode() != self.topic_id:
+        if (
+            recorded is not None
+            and self.topic_id is not None
+            and recorded.decode() != self.topic_id
+        ):
             return "its store was written from another events topic of that name (recreated?)"
         if stored > high:
             return f"its store reflects offset {stored}, beyond the topic's end {high}"
@@ -186,7 +190,7 @@ class StateRestorer:
                 task.store.unpark(run_id, inbox_id)
             elif kind is wire.RecordKind.HOOK_TOKEN:
                 task.store.index_hook_token(*wire.split_hook_token(value))
-        except Exception as exc:  # noqa: BLE001 - any record, any failure: one run's problem
+        except Exception as exc:
             self._quarantine(task, message, exc)
 
     def _quarantine(self, task: PartitionTask, message: Any, exc: Exception) -> None:

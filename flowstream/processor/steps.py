@@ -103,12 +103,12 @@ class StepRunner:
         task = self.tasks.get(source.partition)
         if task is None or task is source or task.restoring:
             return  # gone, or a restore drives every running run anyway
-        if not self.ctx.settings.eager_steps and (item in task.outbox or item in task.sealed_outbox):
+        if not self.ctx.settings.eager_steps and (
+            item in task.outbox or item in task.sealed_outbox
+        ):
             return  # started when its step_started commits
         run_id, step_id, attempt = item
-        if task.store.exists(run_id) and task.store.state(run_id).attempt_running(
-            step_id, attempt
-        ):
+        if task.store.exists(run_id) and task.store.state(run_id).attempt_running(step_id, attempt):
             self.start(task, item)
 
     async def _run(self, task: PartitionTask, run_id: str, step_id: str, attempt: int) -> None:
@@ -146,9 +146,11 @@ class StepRunner:
             return
         self.results.append((task, run_id, step_id, attempt, outcome))
 
-    def _not_started(self, task: PartitionTask, item: StepItem, key: tuple[Any, ...]) -> None:
+    def _not_started(
+        self, task: PartitionTask, item: StepItem, key: tuple[int, str, str, int]
+    ) -> None:
         task.inflight.discard(item)
-        self.handling.discard(key)  # type: ignore[arg-type]
+        self.handling.discard(key)
         self.ctx.metrics.step_attempts.labels(outcome="not_started").inc()
         self._hand_over(task, item)
 

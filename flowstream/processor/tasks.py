@@ -18,7 +18,14 @@ from flowstream.processor.context import Context
 from flowstream.processor.engine import PartitionEngine
 from flowstream.processor.txn.errors import patiently
 from flowstream.stores.partition import PartitionStore
-from flowstream.topology import CMD_CANCEL, CMD_HOOK, CMD_SIGNAL, CMD_START, CMD_TIMER, TopologyError
+from flowstream.topology import (
+    CMD_CANCEL,
+    CMD_HOOK,
+    CMD_SIGNAL,
+    CMD_START,
+    CMD_TIMER,
+    TopologyError,
+)
 
 __all__ = ["PartitionTask", "StepItem", "TaskManager", "state_path"]
 
@@ -147,7 +154,9 @@ class TaskManager:
 
     def rebuild(self, task: PartitionTask, why: str) -> PartitionTask:
         """Throw a partition's store away and restore it from the events topic from the start."""
-        LOG.warning("partition %d: %s; rebuilding its state from the events topic", task.partition, why)
+        LOG.warning(
+            "partition %d: %s; rebuilding its state from the events topic", task.partition, why
+        )
         path = Path(task.store.path)
         task.store.close()
         shutil.rmtree(path, ignore_errors=True)

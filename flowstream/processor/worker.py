@@ -29,7 +29,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from flowstream.kafka import clients
 from flowstream.processor.boundary import FailureBoundary
 from flowstream.processor.commands import CommandHandler
 from flowstream.processor.connect import connect_clients
@@ -126,9 +125,9 @@ class Processor:
         pipeline = self.pipeline
         if pipeline.stuck():
             pipeline.give_up(retake=True)
-        if pipeline.sealed is not None and pipeline.sealed.commit is not None:
-            if pipeline.sealed.commit.done():
-                pipeline.settle()
+        sealed = pipeline.sealed
+        if sealed is not None and sealed.commit is not None and sealed.commit.done():
+            pipeline.settle()
         pipeline.release()
         messages = await self._poll()
         if self._fatal is not None:

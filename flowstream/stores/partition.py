@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from rocksdict import WriteBatch
 
@@ -110,7 +110,50 @@ def _has_running_step(state: RunState) -> bool:
     )
 
 
-class PartitionStore(RocksDBEventStore):
+class _Quarantine:
+    """The store's own metadata, and the runs it must never advance."""
+
+    _db: Any
+    _write_options: Any
+    _quarantined: dict[str, str]
+    _restored: dict[str, _Restored]
+    _restaged: set[str]
+    _states: dict[str, RunState]
+
+    def _stage(self) -> WriteBatch:
+        raise NotImplementedError
+
+    def meta(self, name: str) -> bytes | None:
+        """A value of the store's own metadata (``m/<name>``)."""
+        raw = self._db.get(b"m/" + name.encode())
+        return None if raw is None else bytes(raw)
+
+    def set_meta(self, name: str, value: bytes) -> None:
+        self._db.put(b"m/" + name.encode(), value, self._write_options)
+
+    def quarantine(self, run_id: str, reason: str) -> None:
+        """Never advance ``run_id`` again: a record of its history cannot be read. Its later
+        records are skipped by the restore; the reason stays in RocksDB."""
+        key = run_id.encode()
+        batch = self._stage()
+        batch.put(b"q" + key, reason.encode())
+        batch.delete(b"x" + key)
+        batch.delete(b"u" + key)
+        self._quarantined[run_id] = reason
+        self._restored.pop(run_id, None)
+        self._restaged.discard(run_id)
+        self._states.pop(run_id, None)
+
+    def quarantined(self, run_id: str) -> str | None:
+        """Why ``run_id`` is quarantined, or ``None``."""
+        return self._quarantined.get(run_id)
+
+    @property
+    def quarantined_count(self) -> int:
+        return len(self._quarantined)
+
+
+class PartitionStore(_Quarantine, RocksDBEventStore):
     """State of partition ``partition``; appends are staged for the open transaction."""
 
     def __init__(
@@ -294,14 +337,6 @@ class PartitionStore(RocksDBEventStore):
         self._states[run_id] = state
 
     # -- restore ----------------------------------------------------------------------------
-
-    def meta(self, name: str) -> bytes | None:
-        """A value of the store's own metadata (``m/<name>``)."""
-        raw = self._db.get(b"m/" + name.encode())
-        return None if raw is None else bytes(raw)
-
-    def set_meta(self, name: str, value: bytes) -> None:
-        self._db.put(b"m/" + name.encode(), value, self._write_options)
 
     @property
     def events_offset(self) -> int:
@@ -497,29 +532,6 @@ class PartitionStore(RocksDBEventStore):
     def mark_to_drive(self, run_id: str) -> None:
         """Drive ``run_id`` after the next takeover (its decision failed and may pass then)."""
         self._stage().put(b"x" + run_id.encode(), b"")
-
-    # -- quarantine: runs whose history cannot be read completely --------------------------------
-
-    def quarantine(self, run_id: str, reason: str) -> None:
-        """Never advance ``run_id`` again: a record of its history cannot be read. Its later
-        records are skipped by the restore; the reason stays in RocksDB."""
-        key = run_id.encode()
-        batch = self._stage()
-        batch.put(b"q" + key, reason.encode())
-        batch.delete(b"x" + key)
-        batch.delete(b"u" + key)
-        self._quarantined[run_id] = reason
-        self._restored.pop(run_id, None)
-        self._restaged.discard(run_id)
-        self._states.pop(run_id, None)
-
-    def quarantined(self, run_id: str) -> str | None:
-        """Why ``run_id`` is quarantined, or ``None``."""
-        return self._quarantined.get(run_id)
-
-    @property
-    def quarantined_count(self) -> int:
-        return len(self._quarantined)
 
 
 def _needs_driving(state: RunState, now: datetime) -> bool:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import Any
 
-from flowstream.processor import loop
+from flowstream.processor.txn.errors import Abort
+from flowstream.processor.txn.pipeline import TransactionPipeline
 from tests.processor.apps import runtime
 
 __all__ = ["ABORT_REASON", "runtime"]
@@ -18,24 +19,23 @@ __all__ = ["ABORT_REASON", "runtime"]
 ABORT_REASON = "injected abort"
 
 _calls = 0
-_real = loop.Processor._commit_blocking
+_real = TransactionPipeline._commit_blocking
 
 
 def _fail_every_seventh(
-    self: loop.Processor,
-    slot: Any,
+    self: TransactionPipeline,
+    txn: Any,
     fence: Future[None] | None,
     records: list[Any],
     offsets: list[Any] | None,
     metadata: Any,
-    precommit: Future[None],
 ) -> None:
     global _calls
     _calls += 1
     if _calls % 7 == 0:
-        precommit.set_result(None)  # as the real call does on its way out
-        raise loop._Abort(ABORT_REASON)
-    _real(self, slot, fence, records, offsets, metadata, precommit)
+        txn.precommit.set_result(None)  # as the real call does on its way out
+        raise Abort(ABORT_REASON)
+    _real(self, txn, fence, records, offsets, metadata)
 
 
-loop.Processor._commit_blocking = _fail_every_seventh  # type: ignore[method-assign]
+TransactionPipeline._commit_blocking = _fail_every_seventh  # type: ignore[method-assign]

@@ -9,14 +9,14 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from flowstream.processor.loop import Processor
+from flowstream.processor.txn.pipeline import TransactionPipeline
 from tests.processor.apps import runtime
 
 __all__ = ["runtime"]
 
 _calls = 0
 _forever = threading.Event()
-_real = Processor._send_offsets
+_real = TransactionPipeline.send_offsets
 
 
 def _hang_once(producer: Any, offsets: list[Any], metadata: Any) -> None:
@@ -27,4 +27,4 @@ def _hang_once(producer: Any, offsets: list[Any], metadata: Any) -> None:
     _real(producer, offsets, metadata)
 
 
-Processor._send_offsets = staticmethod(_hang_once)  # type: ignore[method-assign]
+TransactionPipeline.send_offsets = staticmethod(_hang_once)  # type: ignore[method-assign]

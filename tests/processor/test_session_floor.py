@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from flowstream.kafka import clients
-from flowstream.processor.worker import Processor
+from flowstream.processor.connect import session_timeout_ms
 from flowstream.settings import Settings
 
 
@@ -39,10 +39,6 @@ class _Admin:
         return {resource: answer}
 
 
-def _processor(session_ms: int) -> Processor:
-    return Processor(Settings(session_timeout_ms=session_ms), {})
-
-
 @pytest.mark.parametrize(
     ("wanted", "floor", "used"),
     [(2000, 1000, 2000), (2000, 6000, 6000), (8000, 6000, 8000), (2000, None, 2000)],
@@ -51,9 +47,9 @@ def test_the_session_timeout_is_raised_to_the_brokers_floor(
     wanted: int, floor: int | None, used: int
 ) -> None:
     admin = _Admin(floor)
-    assert _processor(wanted)._session_timeout_ms(admin, [3, 1, 2]) == used
+    assert session_timeout_ms(Settings(session_timeout_ms=wanted), admin, [3, 1, 2]) == used
     assert admin.asked == ["1"]
 
 
 def test_without_brokers_the_setting_is_used_as_it_is() -> None:
-    assert _processor(2000)._session_timeout_ms(_Admin(6000), []) == 2000
+    assert session_timeout_ms(Settings(session_timeout_ms=2000), _Admin(6000), []) == 2000
