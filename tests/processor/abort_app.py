@@ -33,7 +33,7 @@ def _fail_every_seventh(
     global _calls
     _calls += 1
     if _calls % 7 == 0:
-        txn.precommit.set_result(None)  # as the real call does on its way out
+        txn.precommit.set_exception(Abort(ABORT_REASON))  # as the real call does on its way out
         raise Abort(ABORT_REASON)
     _real(self, txn, fence, records, offsets, metadata)
 

@@ -408,6 +408,7 @@ class PipelineMachine(RuleBasedStateMachine):
             assert p.sealed.precommit is not None and p.sealed.precommit.done()
 
 
+@pytest.mark.timeout(600)
 def test_the_pipeline_keeps_its_ordering_and_fencing_rules() -> None:
     run = settings(
         max_examples=300,

@@ -194,6 +194,7 @@ class TransactionPipeline(PipelineRecovery):
             metadata,
             anchors,
             before,
+            after,
             after=after,
             patience=self.stuck_s,
         )
@@ -205,11 +206,15 @@ class TransactionPipeline(PipelineRecovery):
         metadata: Any,
         anchors: list[int],
         before: Future[None] | None,
+        prior: Future[Any] | None,
     ) -> None:
-        """In the slot's lane: register the anchors and send the positions."""
+        """In the slot's lane: register the anchors and send the positions, unless this
+        transaction's earlier fence (``before``) or the call it waited for (``prior``: the
+        sealed one's ``precommit``, or the open one's fence) failed."""
         slot = txn.slot
-        if before is not None and before.exception() is not None:
-            raise Abort(f"an earlier fence failed: {before.exception()}")
+        for earlier in (before, prior):
+            if earlier is not None and earlier.exception() is not None:
+                raise Abort(f"the transaction before it failed: {earlier.exception()}")
         for partition in anchors:
             slot.send(Record(slot.events_topic, partition, b"", b"", _ANCHOR_HEADERS))
         if offsets is not None:
@@ -239,7 +244,7 @@ class TransactionPipeline(PipelineRecovery):
         if fence is None or not fence.done() or fence.exception() is not None:
             return False
         precommit = self._precommit()
-        return precommit is None or precommit.done()
+        return precommit is None or (precommit.done() and precommit.exception() is None)
 
     def refence(self) -> None:
         """Send the open transaction's positions again as soon as the commands it applied moved
@@ -351,7 +356,8 @@ class TransactionPipeline(PipelineRecovery):
         positions, wait until every record is written, check none failed, commit."""
         slot = txn.slot
         producer = slot.producer
-        assert txn.precommit is not None
+        precommit = txn.precommit
+        assert precommit is not None
         try:
             if slot.error is not None:
                 raise Abort(f"the transaction cannot commit: {slot.error}")
@@ -367,8 +373,12 @@ class TransactionPipeline(PipelineRecovery):
                 raise Abort("records were not delivered within 30 s")
             if slot.error is not None:
                 raise Abort(f"a record was not written: {slot.error}")
-        finally:
-            txn.precommit.set_result(None)
+        except BaseException as exc:
+            # The next transaction waits for this: it must not write after records that were
+            # never written (it aborts with this one).
+            precommit.set_exception(Abort(f"the transaction before it failed: {exc}"))
+            raise
+        precommit.set_result(None)
         retrying(lambda: producer.commit_transaction(30))
         slot.begun = False
         producer.poll(0)
