@@ -10,6 +10,8 @@ record without it is an event):
 - ``inbox-done`` (key: run id): ``run_id NUL inbox_id NUL``, that parked command applied or was
   given up.
 - ``hook-token`` (key: token digest): ``digest NUL run_id NUL hook_id``, which hook owns a digest.
+- ``anchor`` (no key, empty value): written by a processor's transaction only to register the
+  partition with it early (where the steps it starts will report); no reader takes it.
 
 Readers of histories (restore, ``FlowClient``, ``flowstream audit``) take ``event`` records only and
 classify every record with :func:`kind_of`; a kind this release does not know is skipped, never
@@ -36,6 +38,7 @@ from flowstream.errors import SerializationError
 from flowstream.model.events import EventEnvelope
 
 __all__ = [
+    "ANCHOR_HEADERS",
     "EVENT_HEADERS",
     "REASON_HEADER",
     "RECORD_HEADER",
@@ -74,6 +77,7 @@ class RecordKind(StrEnum):
     INBOX = "inbox"
     INBOX_DONE = "inbox-done"
     HOOK_TOKEN = "hook-token"
+    ANCHOR = "anchor"
 
 
 #: Record headers as a producer takes them (confluent-kafka's ``produce(headers=...)``).
@@ -217,3 +221,7 @@ def split_hook_token(value: bytes) -> tuple[str, str, str]:
     """``(digest, run_id, hook_id)`` of a ``hook-token`` value; ``ValueError`` otherwise."""
     digest, run_id, hook_id = value.decode().split("\0", 2)
     return digest, run_id, hook_id
+
+
+#: Headers of an ``anchor`` record.
+ANCHOR_HEADERS: Headers = [(RECORD_HEADER, RecordKind.ANCHOR.value.encode())]

@@ -229,7 +229,7 @@ class StateRestorer:
             [clients.TopicPartition(topic, task.partition) for topic in self.tasks.command_topics]
         )
         self.steps.results.extend(self.steps.held.pop(task.partition, []))
-        task.to_drive = deque(task.store.running_runs())
+        task.to_drive = deque(dict.fromkeys([*task.store.running_runs(), *task.store.to_drive]))
         task.to_retry = deque(task.store.parked(None)) if task.store.has_parked() else deque()
         if not self.ready.is_set() and not self.tasks.restoring():
             self.ready.set()

@@ -179,6 +179,9 @@ class PartitionStore(_Quarantine, RocksDBEventStore):
         self._restored: dict[str, _Restored] = self._unindexed_runs()
         self._event_head = codec.default_codec().event_head
         self._restaged: set[str] = set()
+        #: Runs the last ``finish_restore`` found waiting on nothing: only a decision moves them
+        #: on, and their last owner may have stopped right before it (its code raised, say).
+        self.to_drive: list[str] = []
         self._quarantined = {
             key[1:].decode(): bytes(value).decode() for key, value in self._scan(b"q")
         }
@@ -454,6 +457,7 @@ class PartitionStore(_Quarantine, RocksDBEventStore):
         does not validate, with the error; they stay readable and report it."""
         assert not self._restaged, "commit_local the restored records first"
         failures: list[tuple[str, FlowError]] = []
+        self.to_drive = []
         batch = WriteBatch(raw_mode=True)
         for run_id, held in self._restored.items():
             if not held.marked:
@@ -470,8 +474,10 @@ class PartitionStore(_Quarantine, RocksDBEventStore):
                 continue
             for wakeup in state.wakeups():
                 batch.put(wakeup_key(wakeup), b"")
-            if _has_running_step(state) or _needs_driving(state, self._clock()):
+            if _has_running_step(state):
                 batch.put(b"x" + key, b"")
+            elif _needs_driving(state, self._clock()):
+                self.to_drive.append(run_id)
         self._db.write(batch, self._write_options)
         self._restored.clear()
         return failures

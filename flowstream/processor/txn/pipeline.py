@@ -46,6 +46,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from flowstream import wire
 from flowstream.kafka import clients
 from flowstream.processor.txn.errors import Abort, InDoubt, is_fatal, retrying
 from flowstream.processor.txn.recovery import PipelineRecovery
@@ -216,7 +217,7 @@ class TransactionPipeline(PipelineRecovery):
             if earlier is not None and earlier.exception() is not None:
                 raise Abort(f"the transaction before it failed: {earlier.exception()}")
         for partition in anchors:
-            slot.send(Record(slot.events_topic, partition, b"", b"", _ANCHOR_HEADERS))
+            slot.send(Record(slot.events_topic, partition, b"", b"", wire.ANCHOR_HEADERS))
         if offsets is not None:
             self.send_offsets(slot.producer, offsets, metadata)
         if anchors:
@@ -436,6 +437,3 @@ class TransactionPipeline(PipelineRecovery):
         for slot in self.slots:
             slot.flush()
             slot.lane.close()
-
-
-_ANCHOR_HEADERS = [("flowstream-record", b"anchor")]
