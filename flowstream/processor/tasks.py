@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flowstream.errors import StoreLockedError
 from flowstream.kafka import clients
 from flowstream.processor.context import Context
 from flowstream.processor.engine import PartitionEngine
@@ -30,6 +31,9 @@ from flowstream.topology import (
 __all__ = ["PartitionTask", "StepItem", "TaskManager", "state_path"]
 
 LOG = logging.getLogger("flowstream.processor")
+
+#: Tries to open a partition's store while it is locked.
+_OPEN_ATTEMPTS = 5
 
 #: A step attempt: (run id, step id, attempt).
 StepItem = tuple[str, str, int]
@@ -143,7 +147,16 @@ class TaskManager:
         path = state_path(
             self.state_root, self.ctx.settings.group, self.ctx.settings.topic_prefix, partition
         )
-        self.owned[partition] = self._build(partition, path, positions)
+        for attempt in range(_OPEN_ATTEMPTS):
+            try:
+                self.owned[partition] = self._build(partition, path, positions)
+                return
+            except StoreLockedError:
+                # A store this process just closed (a reset, a quick rebalance) can take a
+                # moment to release its lock; another process holding it is fatal.
+                if attempt == _OPEN_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
 
     def drop(self, partitions: set[int]) -> None:
         for partition in partitions:

@@ -134,7 +134,10 @@ class Processor:
             raise self._fatal
         self.metrics.owned_partitions.set(len(self.tasks.active()))
         if self.tasks.restoring():
+            aborts = pipeline.aborts
             await self.restorer.restore_slice()
+            if pipeline.aborts != aborts:
+                messages = []  # the abort rewound the consumer: they are read again
         for message in messages:
             await self.commands.handle(message)
         await self.steps.chain()

@@ -219,8 +219,9 @@ class PartitionStore(_Quarantine, RocksDBEventStore):
         encoded: list[bytes],
         changes: IndexChanges,
     ) -> None:
-        self._sink(run_id, envelopes, encoded)
+        # Staged first: a failure there produces nothing the local state would not hold.
         self._stage_write(run_id, envelopes, encoded, changes)
+        self._sink(run_id, envelopes, encoded)
 
     def _stage_write(
         self,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from flowstream.model.events import RunCreated, RunStarted, StepCreated, StepStarted
 from flowstream.stores.partition import PartitionStore
 from tests.support import FakeClock, spec
@@ -95,4 +97,22 @@ def test_discard_forgets_both_generations_and_their_cached_runs(tmp_path: Path) 
     assert store.state("committed").last_sequence == 2  # reloaded from disk, not the cache
     assert not store.exists("open-run")
     assert not store.has_sealed and not store.has_staged
+    store.close()
+
+
+def test_an_append_that_cannot_be_staged_produces_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review's L5: records produced into the open transaction that the local state does
+    not hold would commit as duplicate sequences later; staging comes first."""
+    produced: list[str] = []
+    store = PartitionStore(0, tmp_path / "p", lambda run_id, *_: produced.append(run_id))
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the batch cannot take it")
+
+    monkeypatch.setattr(store, "_stage_write", broken)
+    with pytest.raises(RuntimeError):
+        start(store, "never")
+    assert produced == []
     store.close()

@@ -90,6 +90,7 @@ class TransactionPipeline(PipelineRecovery):
         self._metadata: Any = None
         self._resets: list[float] = []
         self._began_commit = 0.0
+        self.aborts = 0
 
     def start(self) -> None:
         for slot in self.slots:

@@ -34,6 +34,8 @@ class PipelineRecovery:
     stuck_s: float
     metrics: Any
     _metadata: Any
+    #: Aborts so far (a reset counts): a caller can tell whether its call rewound the consumer.
+    aborts: int
     _resets: list[float]
     _slot: ProducerSlot
     _new_producer: Callable[[ProducerSlot], Any]
@@ -57,6 +59,7 @@ class PipelineRecovery:
         succeed on it, not even an abort."""
         LOG.warning("aborting transaction: %s", reason)
         self.metrics.aborts.inc()
+        self.aborts += 1
         self._metadata = None  # a refused fence may mean a generation this member missed
         txns = [t for t in (self.open, self.spare, self.sealed) if t is not None]
         for txn in txns:
@@ -102,6 +105,7 @@ class PipelineRecovery:
         """A transactional call never returned: leave it and its lane behind, and replace the
         producers as if fenced (a new one's ``init_transactions`` aborts what the old had)."""
         self.metrics.aborts.inc()
+        self.aborts += 1
         for slot in self.slots:
             slot.lane.close()
             slot.lane = slot.lane.renewed()
@@ -125,6 +129,7 @@ class PipelineRecovery:
         if len(self._resets) > MAX_RESETS:
             raise error
         LOG.error("the producer %s (%s); replacing it", why, error)
+        self.aborts += 1
         self._metadata = None
         self.metrics.producer_resets.inc()
         self._end([t for t in (self.open, self.spare, self.sealed) if t is not None])

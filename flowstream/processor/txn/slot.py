@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,7 @@ class ProducerSlot:
         self.events_end: dict[int, int] = {}
         self.events_topic = ""
         self.dropped = 0
+        self._lock = threading.Lock()
 
     def begin(self) -> None:
         """Begin a transaction on this producer; the last one's delivery reports are forgotten."""
@@ -72,8 +74,10 @@ class ProducerSlot:
         elif message.topic() == self.events_topic:
             end = message.offset() + 1
             partition = message.partition()
-            if end > self.events_end.get(partition, 0):
-                self.events_end[partition] = end
+            # Reports are served by the loop's poll (a full queue) and by the lane's flush.
+            with self._lock:
+                if end > self.events_end.get(partition, 0):
+                    self.events_end[partition] = end
 
     def send(self, record: Record) -> None:
         """Produce ``record`` (or its fallback); a refusal fails the transaction, except for a
