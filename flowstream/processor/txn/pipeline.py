@@ -153,6 +153,7 @@ class TransactionPipeline(PipelineRecovery):
         txn = Txn(self._numbers, slot)
         self.open = txn
         try:
+            self.ensure_producer(slot)
             try:
                 slot.begin()
             except clients.KafkaException as exc:
@@ -273,7 +274,7 @@ class TransactionPipeline(PipelineRecovery):
         if txn.fence is None or not (txn.decided or txn.eager):
             return
         slot = self._other(txn.slot)
-        if slot.begun:
+        if slot.begun or slot.producer is None:
             return
         offsets = self.host.positions()
         if not offsets:

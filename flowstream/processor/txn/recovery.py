@@ -41,6 +41,11 @@ class PipelineRecovery:
     _new_producer: Callable[[ProducerSlot], Any]
     _clock: Callable[[], float]
 
+    def ensure_producer(self, slot: ProducerSlot) -> None:
+        """Make the slot's producer if a reset left it to be made."""
+        if slot.producer is None:
+            slot.producer = self._new_producer(slot)
+
     def wait(self, future: Future[Any], patience: float | None = None) -> bool:
         """Wait for a lane call; False if it ran into the stuck limit (or ``patience``)."""
         lane = self.slots[0].lane
@@ -141,6 +146,9 @@ class PipelineRecovery:
             slot.error = None
             slot.failed.clear()
             slot.begun = False
-            slot.producer = self._new_producer(slot)
+            # Given up with its partitions (lost, revoked): the new producer is made when the
+            # next transaction needs it, not in the rebalance callback, where a coordinator
+            # that is gone would hold every member of the group back.
+            slot.producer = self._new_producer(slot) if retake else None
         self._slot = self.slots[0]
         self.host.retake(retake)
