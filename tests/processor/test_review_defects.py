@@ -1,8 +1,7 @@
 """The defects the processor review found (issue 15), each reproduced against the real broker.
 
-Each test asserts the behaviour after the fix. Until the fix lands it is marked
-``xfail(strict=True)`` with the defect's id: it fails today for the reason named, and the moment
-it passes the strict mark turns that into a failure, so whoever lands the fix removes the mark.
+Each test asserts the behaviour after the fix; each failed against the processor before its
+rebuild for the reason its docstring names (the closing note of issue 15 has the failures seen).
 
 The records are read with plain readers that tolerate what the processor's own readers may not
 (a duplicate sequence, a record no codec knows): the tests must see the damage, not trip on it.
@@ -202,10 +201,6 @@ def small_deadletter_cluster(
         cluster.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 15 H1: a produce error after the commit aborts it locally; duplicate sequences",
-)
 @pytest.mark.timeout(120)
 def test_h1a_dead_letter_to_a_topic_with_fewer_partitions(
     small_deadletter_cluster: Cluster,
@@ -235,10 +230,6 @@ def test_h1a_dead_letter_to_a_topic_with_fewer_partitions(
     assert found, f"no dead letter of cmd.signal[5]@{garbage_at} in {letters}; {tries} tries"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 15 H1: a dead letter that always fails is retried forever (live-lock)",
-)
 @pytest.mark.timeout(120)
 def test_h1b_a_dead_letter_the_broker_refuses_is_given_up_after_bounded_tries(
     cluster: Cluster,
@@ -286,9 +277,6 @@ def test_h1b_a_dead_letter_the_broker_refuses_is_given_up_after_bounded_tries(
 # -- H2: workflow code raising outside the command path ---------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True, reason="issue 15 H2: workflow code raising on a step outcome kills the worker"
-)
 @pytest.mark.timeout(180)
 def test_h2_workflow_code_raising_on_a_step_outcome_costs_neither_worker_nor_run(
     cluster: Cluster,
@@ -363,10 +351,6 @@ def _histories(cluster: Cluster, partition: int) -> dict[str, list[tuple[int, st
     return found
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 15 H3: the restore skips an undecodable event and reuses its sequence",
-)
 @pytest.mark.timeout(150)
 def test_h3_a_run_whose_history_cannot_be_read_is_quarantined_not_advanced(
     cluster: Cluster,
@@ -435,9 +419,6 @@ def _watermarks(bootstrap: str, topic: str, partition: int) -> tuple[int, int]:
 # -- M5: state of another deployment ----------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True, reason="issue 15 M5: the state path names no topic prefix; foreign state is used"
-)
 @pytest.mark.timeout(120)
 def test_m5_state_of_another_topic_prefix_is_not_taken_for_this_one(
     kafka_bootstrap: str, unique_prefix: str, tmp_path: Path
@@ -498,10 +479,6 @@ def _metric(port: int, name: str) -> float:
     raise AssertionError(f"no metric {name}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 15 8: a duplicate instance id fences the first worker instead of refusing",
-)
 @pytest.mark.timeout(120)
 def test_p8_a_second_worker_with_an_instance_id_in_use_refuses_to_start(
     cluster: Cluster,
