@@ -142,6 +142,7 @@ class PartitionHost:
         threw away are read again; the others (whose step outcomes were lost) are driven again,
         which dispatches their running steps anew."""
         self.p.dead_letters.blame(failed)
+        self.p.forget_backlog()  # read again from the rewound positions
         consumer = self.p.consumer
         for task in self.p.tasks.owned.values():
             runs = task.store.discard()
@@ -160,6 +161,7 @@ class PartitionHost:
 
     def retake(self, retake: bool) -> None:
         tasks = self.p.tasks
+        self.p.forget_backlog()
         taken = self.p.consumer.assignment() if retake else []
         tasks.drop(set(tasks.owned))
         if taken:

@@ -165,13 +165,15 @@ class StepRunner:
         state = task.store.state(run_id)
         return state if state.attempt_running(step_id, attempt) else None
 
-    async def chain(self) -> None:
+    async def chain(self, *, deadline: float | None = None) -> None:
         """Record the steps' outcomes, then let the steps those decisions started run, and
         record theirs within this same iteration: a step that finishes without waiting moves
         its run on at once, so a short run's steps all join one transaction. Bounded, so a
         commit that is due is not held back."""
         for round_ in range(_CHAIN_ROUNDS):
             while self.results:
+                if deadline is not None and time.monotonic() > deadline:
+                    return  # the rest join the next transaction
                 await self.record(*self.results.popleft())
             if not self.running or round_ == _CHAIN_ROUNDS - 1:
                 return

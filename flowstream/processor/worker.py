@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,10 @@ LOG = logging.getLogger("flowstream.processor")
 
 #: While steps run, the loop waits this long at most for an outcome before polling again.
 _STEP_WAIT_S = 0.002
+#: How long one iteration takes decisions (commands, step outcomes) before the open
+#: transaction is sealed: the rest wait for the next, so no transaction grows towards its
+#: timeout however many commands arrive at once.
+DECISION_BUDGET_S = 0.2
 #: An eager transaction (begun right after a commit that carried decisions) that no decision
 #: joined within this long commits alone, well inside any transaction timeout.
 _EAGER_IDLE_S = 0.2
@@ -95,6 +100,8 @@ class Processor:
             events_topic=ctx.topics["events"],
         )
         self.consumer: Any = None
+        # Commands consumed but not applied yet: an iteration's decisions stop at the budget.
+        self._backlog: deque[Any] = deque()
         self._fatal: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -129,6 +136,7 @@ class Processor:
         if sealed is not None and sealed.commit is not None and sealed.commit.done():
             pipeline.settle()
         pipeline.release()
+        began = time.monotonic()
         messages = await self._poll()
         if self._fatal is not None:
             raise self._fatal
@@ -138,9 +146,12 @@ class Processor:
             await self.restorer.restore_slice()
             if pipeline.aborts != aborts:
                 messages = []  # the abort rewound the consumer: they are read again
-        for message in messages:
+        for at, message in enumerate(messages):
+            if time.monotonic() - began > DECISION_BUDGET_S:
+                self._backlog.extend(messages[at:])  # the next iteration, after a seal
+                break
             await self.commands.handle(message)
-        await self.steps.chain()
+        await self.steps.chain(deadline=began + DECISION_BUDGET_S)
         if self.sweeper.pending():
             await self.sweeper.sweep()
         self.timers.fire()
@@ -152,6 +163,10 @@ class Processor:
             pipeline.seal()  # nothing joined it: commit the positions alone, do not reopen
 
     async def _poll(self) -> list[Any]:
+        if self._backlog:
+            held = list(self._backlog)
+            self._backlog.clear()
+            return held
         steps = self.steps
         if steps.results or self.tasks.restoring() or self.sweeper.pending():
             return list(self.consumer.consume(num_messages=500, timeout=0))
@@ -192,6 +207,11 @@ class Processor:
             return []
         return [first, *self.consumer.consume(num_messages=499, timeout=0)]
 
+    def forget_backlog(self) -> None:
+        """Consumed commands not applied yet are read again (an abort rewound the consumer, or
+        the partitions were dropped and taken again)."""
+        self._backlog.clear()
+
     def wake_loop(self, _: Any = None) -> None:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self.steps.wake.set)
@@ -200,6 +220,7 @@ class Processor:
 
     def on_assign(self, consumer: Any, assigned: list[Any]) -> None:
         self.pipeline.forget_metadata()
+        self.forget_backlog()
         try:
             if not assigned:
                 return
@@ -211,6 +232,7 @@ class Processor:
 
     def on_revoke(self, consumer: Any, revoked: list[Any]) -> None:
         self.pipeline.forget_metadata()
+        self.forget_backlog()
         LOG.info("revoked partitions %s", sorted({tp.partition for tp in revoked}))
         try:
             self.pipeline.commit_all(start_steps=False, retake=False)
@@ -220,6 +242,7 @@ class Processor:
 
     def on_lost(self, consumer: Any, lost: list[Any]) -> None:
         self.pipeline.forget_metadata()
+        self.forget_backlog()
         LOG.warning("lost partitions %s", sorted({tp.partition for tp in lost}))
         try:
             if self.pipeline.active():
