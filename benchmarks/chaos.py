@@ -103,6 +103,13 @@ class Fault:
     victim: str
     detail: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # The wall clock to the millisecond, as the workers' log lines print it.
+        now = time.time()
+        self.detail["wall"] = (
+            time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+        )
+
 
 @dataclass
 class ChaosResult:
@@ -117,7 +124,7 @@ class _Workers:
         self.bootstrap, self.prefix, self.root, self.env = bootstrap, prefix, root, env
         self.procs: dict[str, harness.Worker] = {}
         self.state: dict[str, str] = {}  # up, stopped, down
-        self.back_at: dict[str, float] = {}
+        self.back_at: dict[str, list[float]] = {}  # when each came back (started, SIGCONT)
         self.unplanned: list[tuple[str, int | None]] = []
 
     def start(self, name: str) -> None:
@@ -130,7 +137,7 @@ class _Workers:
             env=self.env,
         )
         self.state[name] = "up"
-        self.back_at[name] = time.monotonic()
+        self.back_at.setdefault(name, []).append(time.monotonic())
 
     def up(self) -> list[str]:
         return [n for n, s in self.state.items() if s == "up"]
@@ -148,7 +155,7 @@ class _Workers:
     def resume(self, name: str) -> None:
         os.kill(self.procs[name].pid, signal.SIGCONT)
         self.state[name] = "up"
-        self.back_at[name] = time.monotonic()
+        self.back_at[name].append(time.monotonic())
 
     def check(self) -> None:
         """A worker that exited on its own is noted and started again."""
@@ -398,8 +405,7 @@ class _Driver:
                     fault.detail[f"gap_{name}_from_s"] = None if found is None else found[1]
                 gaps.append(fault.detail)
                 continue
-            back = self.workers.back_at.get(fault.victim)
-            back_at = back if back is not None and back > fault.at else None
+            back_at = next((t for t in self.workers.back_at[fault.victim] if t > fault.at), None)
             times = {}
             for p in fault.detail["partitions"]:
                 with follow.lock:

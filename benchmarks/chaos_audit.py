@@ -90,8 +90,16 @@ class Audit:
     figures: dict[str, Any] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
     by_check: Counter[str] = field(default_factory=Counter)
+    #: run id -> the checks it failed (violations that concern one run)
+    by_run: dict[str, set[str]] = field(default_factory=dict)
+    #: violations that concern no one run (the views, open transactions, decoding)
+    unattributed: int = 0
 
-    def violate(self, check: str, message: str) -> None:
+    def violate(self, check: str, message: str, run_id: str | None = None) -> None:
+        if run_id is None:
+            self.unattributed += 1
+        else:
+            self.by_run.setdefault(run_id, set()).add(check)
         self.by_check[check] += 1
         if self.by_check[check] <= _DETAILS_PER_CHECK:
             self.violations.append(f"[{check}] {message}")
@@ -115,28 +123,52 @@ def _check_history(run_id: str, events: list[Event], result: Audit) -> None:
     """Sequences, the first and the terminal event, and the run's waits."""
     partitions = {e.partition for e in events}
     if len(partitions) > 1:
-        result.violate("one-partition", f"{run_id} spans partitions {sorted(partitions)}")
+        result.violate(
+            "one-partition", f"{run_id} spans partitions {sorted(partitions)}", run_id=run_id
+        )
     sequences = [e.sequence for e in events]
     if sequences != list(range(1, len(events) + 1)):
         counts = Counter(sequences)
         duplicated = sorted(s for s, n in counts.items() if n > 1)
         missing = sorted(set(range(1, max(sequences) + 1)) - set(sequences))
         if duplicated:
-            result.violate("duplicate-sequence", f"{run_id}: {duplicated}: {_history(events)}")
+            result.violate(
+                "duplicate-sequence", f"{run_id}: {duplicated}: {_history(events)}", run_id=run_id
+            )
         if missing:
-            result.violate("sequence-gap", f"{run_id}: missing {missing}: {_history(events)}")
-        if not duplicated and not missing:
-            result.violate("sequence-order", f"{run_id}: {_history(events)}")
+            result.violate(
+                "sequence-gap", f"{run_id}: missing {missing}: {_history(events)}", run_id=run_id
+            )
+        _check_order(run_id, events, result)
     if events[0].type != "RunCreated":
-        result.violate("first-event", f"{run_id} begins with {events[0].brief()}")
+        result.violate("first-event", f"{run_id} begins with {events[0].brief()}", run_id=run_id)
     terminal = [i for i, e in enumerate(events) if e.type in TERMINAL]
     if len(terminal) > 1:
-        result.violate("one-terminal", f"{run_id} has {len(terminal)}: {_history(events)}")
+        result.violate(
+            "one-terminal", f"{run_id} has {len(terminal)}: {_history(events)}", run_id=run_id
+        )
     elif terminal and terminal[0] != len(events) - 1:
-        result.violate("terminal-last", f"{run_id}: {_history(events)}")
+        result.violate("terminal-last", f"{run_id}: {_history(events)}", run_id=run_id)
     if terminal and events[terminal[0]].type != "RunCompleted":
-        result.violate("completed", f"{run_id} ended {events[terminal[0]].brief()}")
+        result.violate("completed", f"{run_id} ended {events[terminal[0]].brief()}", run_id=run_id)
     _check_waits(run_id, events, result)
+
+
+def _check_order(run_id: str, events: list[Event], result: Audit) -> None:
+    """A sequence seen for the first time after a higher one: written out of order."""
+    highest: Event | None = None
+    seen: set[int] = set()
+    for event in events:
+        if highest is not None and event.sequence < highest.sequence and event.sequence not in seen:
+            result.violate(
+                "sequence-order",
+                f"{run_id}: {event.brief()} written after {highest.brief()}",
+                run_id=run_id,
+            )
+            return
+        seen.add(event.sequence)
+        if highest is None or event.sequence > highest.sequence:
+            highest = event
 
 
 def _check_waits(run_id: str, events: list[Event], result: Audit) -> None:
@@ -155,6 +187,7 @@ def _check_waits(run_id: str, events: list[Event], result: Audit) -> None:
                 result.violate(
                     check,
                     f"{run_id} {key} {subject}: {opened} {made[subject]}, {closed} {done[subject]}",
+                    run_id=run_id,
                 )
     for i, event in enumerate(events):
         if event.type == "StepRetrying" and ended:
@@ -165,7 +198,9 @@ def _check_waits(run_id: str, events: list[Event], result: Audit) -> None:
                 and e.body["attempt"] > attempt
                 for e in events[i + 1 :]
             ):
-                result.violate("retry-fired", f"{run_id} {step_id} after attempt {attempt}")
+                result.violate(
+                    "retry-fired", f"{run_id} {step_id} after attempt {attempt}", run_id=run_id
+                )
 
 
 def _check_expectations(
@@ -181,9 +216,11 @@ def _check_expectations(
     for run_id in sorted({*expected.runs, *children}):
         events = histories.get(run_id)
         if not events:
-            result.violate("started-terminal", f"{run_id} has no committed event")
+            result.violate("started-terminal", f"{run_id} has no committed event", run_id=run_id)
         elif not any(e.type in TERMINAL for e in events):
-            result.violate("started-terminal", f"{run_id} is not terminal: {_history(events)}")
+            result.violate(
+                "started-terminal", f"{run_id} is not terminal: {_history(events)}", run_id=run_id
+            )
     known = set(expected.runs) | children
     unknown = sorted(set(histories) - known)
     result.figures["runs_unknown"] = len(unknown)
@@ -195,16 +232,21 @@ def _check_expectations(
                 result.violate(
                     "signal-once",
                     f"{run_id} signal {signal_id} received {received[signal_id]} times",
+                    run_id=run_id,
                 )
         for signal_id in set(received) - set(signal_ids):
-            result.violate("signal-once", f"{run_id} received signal {signal_id}, never sent")
+            result.violate(
+                "signal-once", f"{run_id} received signal {signal_id}, never sent", run_id=run_id
+            )
     for run_id, hook_id in expected.hooks.items():
         events = histories.get(run_id, [])
         created = sum(e.type == "HookCreated" and e.body["hook_id"] == hook_id for e in events)
         received = sum(e.type == "HookReceived" and e.body["hook_id"] == hook_id for e in events)
         if created != 1 or received != 1:
             result.violate(
-                "hook-once", f"{run_id} hook {hook_id}: created {created}, received {received}"
+                "hook-once",
+                f"{run_id} hook {hook_id}: created {created}, received {received}",
+                run_id=run_id,
             )
     result.figures["runs_started"] = len(expected.runs)
     result.figures["children"] = len(children)
@@ -276,7 +318,9 @@ def _check_effects(
             runs = started.get((run_id, event.body["step_id"]))
             if not runs:
                 result.violate(
-                    "step-ran", f"{run_id} step {event.body['step_id']} completed, never ran"
+                    "step-ran",
+                    f"{run_id} step {event.body['step_id']} completed, never ran",
+                    run_id=run_id,
                 )
                 continue
             late += sum(t > event.timestamp.timestamp() for t in runs)

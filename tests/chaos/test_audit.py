@@ -1,6 +1,7 @@
 """The chaos auditor finds what it is there to find: histories written by hand (through a
-transactional producer, one transaction aborted) with a duplicate sequence, a gap, two terminal
-events, a timer that never fired, a lost signal, a step that never ran and an undecodable record."""
+transactional producer, one transaction aborted) with a duplicate sequence, a gap, sequences
+written out of order, two terminal events, a timer that never fired, a lost signal, a step that
+never ran and an undecodable record."""
 
 from __future__ import annotations
 
@@ -44,6 +45,12 @@ HISTORIES: dict[str, list[tuple[int, FlowEvent]]] = {
     ],
     "dup": [(1, RunCreated(spec=SPEC)), (2, RunStarted()), (2, RunStarted()), (3, RunCompleted())],
     "gap": [(1, RunCreated(spec=SPEC)), (3, RunStarted())],
+    "order": [
+        (1, RunCreated(spec=SPEC)),
+        (3, RunStarted()),
+        (2, RunStarted()),
+        (4, RunCompleted()),
+    ],
     "ends": [
         (1, RunCreated(spec=SPEC)),
         (2, StepCreated(step_id="b", step_name="work")),
@@ -105,6 +112,7 @@ def test_the_auditor_reports_each_kind_of_violation(
     assert dict(result.by_check) == {
         "duplicate-sequence": 1,
         "sequence-gap": 1,
+        "sequence-order": 1,
         "one-terminal": 1,
         "timer-fired": 1,
         "started-terminal": 2,  # gap is not terminal, missing has no event
@@ -112,6 +120,8 @@ def test_the_auditor_reports_each_kind_of_violation(
         "step-ran": 1,
         "decodes": 1,
     }, result.violations
+    assert result.by_run["order"] == {"sequence-order"}
+    assert result.unattributed == 1  # the record that does not decode
     assert result.figures["aborted_records"] == 2
     assert result.figures["aborted_by_kind"] == {"event": 1, "anchor": 1}
     assert result.figures["aborted_events_decided_again"] == 0
