@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import time
 
+from flowstream.model.snapshot import StepStatus
 from flowstream.processor.boundary import FailureBoundary
 from flowstream.processor.context import Context
 from flowstream.processor.inbox import Inbox
+from flowstream.processor.steps import StepRunner
 from flowstream.processor.tasks import PartitionTask, TaskManager
+from flowstream.replay.decide import is_suspended
 
 __all__ = ["Sweeper"]
 
@@ -22,9 +25,15 @@ class Sweeper:
     """Drives what activation and aborts left to drive."""
 
     def __init__(
-        self, ctx: Context, tasks: TaskManager, boundary: FailureBoundary, inbox: Inbox
+        self,
+        ctx: Context,
+        tasks: TaskManager,
+        boundary: FailureBoundary,
+        inbox: Inbox,
+        steps: StepRunner,
     ) -> None:
         self.ctx = ctx
+        self.steps = steps
         self.tasks = tasks
         self.boundary = boundary
         self.inbox = inbox
@@ -47,9 +56,23 @@ class Sweeper:
                     await self._retry(task, *task.to_retry.popleft())
 
     async def _drive(self, task: PartitionTask, run_id: str) -> None:
-        if not task.store.exists(run_id) or task.store.quarantined(run_id):
+        store = task.store
+        if not store.exists(run_id) or store.quarantined(run_id):
             return  # a run whose start an abort threw away, or one not to touch
-        await self.boundary.guard(task, run_id, task.engine.advance(run_id))
+        if not await self.boundary.guard(task, run_id, task.engine.advance(run_id)):
+            return
+        state = store.state(run_id)
+        if state.is_terminal or not is_suspended(state, self.ctx.clock()):
+            return
+        # A suspended run is not asked for a decision, which is what re-dispatches its running
+        # steps: a step that ran beside a wait when the last owner stopped is dispatched here.
+        running = [
+            (step_id, step.attempt)
+            for step_id, step in state.steps.items()
+            if step.status is StepStatus.RUNNING
+        ]
+        if running:
+            self.steps.dispatch(task, run_id, running)
 
     async def _retry(self, task: PartitionTask, run_id: str, inbox_id: str, raw: bytes) -> None:
         if not self.inbox.is_parked(task, run_id, inbox_id):

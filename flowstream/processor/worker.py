@@ -87,7 +87,7 @@ class Processor:
         self.steps = StepRunner(ctx, self.tasks, self.boundary, self.commands.inbox)
         self.tasks.on_taken = self.steps.forget
         self.restorer = StateRestorer(ctx, self.tasks, self.steps)
-        self.sweeper = Sweeper(ctx, self.tasks, self.boundary, self.commands.inbox)
+        self.sweeper = Sweeper(ctx, self.tasks, self.boundary, self.commands.inbox, self.steps)
         self.timers = TimerPunctuator(ctx, self.tasks)
         # A transactional call running longer than this never returns (see ``lane``): the
         # producer is given up. Well beyond a transaction's life, which ends it anyway.
