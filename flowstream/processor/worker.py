@@ -58,6 +58,8 @@ _STEP_WAIT_S = 0.002
 #: transaction is sealed: the rest wait for the next, so no transaction grows towards its
 #: timeout however many commands arrive at once.
 DECISION_BUDGET_S = 0.2
+#: The share of the transaction timeout a transaction may be open and still take decisions.
+MAX_OPEN_SHARE = 0.3
 #: An eager transaction (begun right after a commit that carried decisions) that no decision
 #: joined within this long commits alone, well inside any transaction timeout.
 _EAGER_IDLE_S = 0.2
@@ -103,6 +105,9 @@ class Processor:
         # Commands consumed but not applied yet: an iteration's decisions stop at the budget.
         self._backlog: deque[Any] = deque()
         self._fatal: BaseException | None = None
+        # A transaction open on Kafka longer than this takes no more decisions: well inside the
+        # transaction timeout, whatever the commit before it costs.
+        self._max_open_s = MAX_OPEN_SHARE * settings.transaction_timeout_ms / 1000
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -136,8 +141,8 @@ class Processor:
         if sealed is not None and sealed.commit is not None and sealed.commit.done():
             pipeline.settle()
         pipeline.release()
-        began = time.monotonic()
         messages = await self._poll()
+        until = pipeline.decisions_until(DECISION_BUDGET_S, self._max_open_s)
         if self._fatal is not None:
             raise self._fatal
         self.metrics.owned_partitions.set(len(self.tasks.active()))
@@ -147,12 +152,12 @@ class Processor:
             if pipeline.aborts != aborts:
                 messages = []  # the abort rewound the consumer: they are read again
         for at, message in enumerate(messages):
-            if time.monotonic() - began > DECISION_BUDGET_S:
+            if time.monotonic() > until:
                 self._backlog.extend(messages[at:])  # the next iteration, after a seal
                 break
             await self.commands.handle(message)
-        await self.steps.chain(deadline=began + DECISION_BUDGET_S)
-        if self.sweeper.pending():
+        await self.steps.chain(deadline=until)
+        if self.sweeper.pending() and time.monotonic() < until:
             await self.sweeper.sweep()
         self.timers.fire()
         pipeline.refence()

@@ -118,6 +118,17 @@ class TransactionPipeline(PipelineRecovery):
     def stuck(self) -> bool:
         return max(float(slot.lane.busy_for()) for slot in self.slots) > self.stuck_s
 
+    def decisions_until(self, budget_s: float, max_open_s: float) -> float:
+        """Until when decisions may join the open transaction: ``budget_s`` from now, and never
+        once it has been open on Kafka for ``max_open_s`` (it waits for the sealed one to
+        commit meanwhile, and the coordinator's clock runs)."""
+        now = self._clock()
+        txn = self.open
+        until = now + budget_s
+        if txn is not None and txn.opened:
+            until = min(until, txn.opened + max_open_s)
+        return until
+
     def idle_eager(self, idle_s: float) -> bool:
         """The open transaction was begun eagerly and nothing joined it for ``idle_s``."""
         txn = self.open
@@ -150,7 +161,7 @@ class TransactionPipeline(PipelineRecovery):
         it right after the fence, each by an empty record (every reader skips it)."""
         slot = self._slot
         self._numbers += 1
-        txn = Txn(self._numbers, slot)
+        txn = Txn(self._numbers, slot, opened=self._clock())
         self.open = txn
         try:
             self.ensure_producer(slot)
@@ -284,7 +295,7 @@ class TransactionPipeline(PipelineRecovery):
         except clients.KafkaException:
             return  # begun as usual when it is needed, and the error met then
         self._numbers += 1
-        spare = Txn(self._numbers, slot)
+        spare = Txn(self._numbers, slot, opened=self._clock())
         self.spare = spare
         self._fence(spare, offsets, [], after=txn.fence)
 

@@ -47,6 +47,8 @@ class Txn:
     #: Decisions were taken in it (it was not only begun ahead of them).
     decided: bool = False
     began: float = 0.0
+    #: When it was begun on Kafka: the coordinator's timeout runs from about then.
+    opened: float = 0.0
     commands: int = 0
     #: Begun right after a commit that carried decisions, and since when nothing joined it.
     eager: bool = False
