@@ -14,17 +14,6 @@ from flowstream.devkafka import Cluster
 
 pytestmark = [pytest.mark.kafka3, pytest.mark.timeout(1200)]
 
-#: Issue 15, defect 4, as the long form meets it about four times in 600 runs: one processor
-#: commits a run's events out of sequence order on its partition (the spare transaction, promoted
-#: without waiting for the sealed one's records, writes its records first; both commit), and a
-#: later restore of that partition skips the records that "do not follow" (defect 3), revives the
-#: run on a shorter history and appends its sequences again. Only violations of runs whose
-#: history shows that out-of-order write are allowed; remove this once the pipeline is rebuilt.
-OUT_OF_ORDER = (
-    "issue 15 defects 4 and 3: a run's events committed out of sequence order, then restored "
-    "on a shorter history"
-)
-
 
 def test_a_short_chaos_run_leaves_no_violation(kafka3_cluster: Cluster, tmp_path: Path) -> None:
     result = run_chaos(kafka3_cluster, SHORT, tmp_path)
@@ -32,11 +21,4 @@ def test_a_short_chaos_run_leaves_no_violation(kafka3_cluster: Cluster, tmp_path
         print(line)
     assert result.figures["faults_by_kind"] == dict.fromkeys(FAULT_KINDS, 1)
     assert result.figures["unfinished_at_end"] == 0
-    audit = result.audit
-    if (
-        audit.violation_count
-        and not audit.unattributed
-        and all("sequence-order" in checks for checks in audit.by_run.values())
-    ):
-        pytest.xfail(f"{OUT_OF_ORDER}: {sorted(audit.by_run)}")
-    assert audit.violation_count == 0, "\n".join(audit.violations)
+    assert result.audit.violation_count == 0, "\n".join(result.audit.violations)
