@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -295,3 +297,19 @@ class Cluster:
         self.client.close()
         for worker in self.workers.values():
             worker.stop()
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (for a worker's metrics)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def metric(port: int, name: str) -> float:
+    """One sample of a worker's metrics page."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no metric {name}")

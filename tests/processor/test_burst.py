@@ -9,14 +9,12 @@ time and seals the transaction, so the burst costs no producer reset.
 
 from __future__ import annotations
 
-import socket
 import time
-import urllib.request
 
 import pytest
 
 from flowstream.model.spec import WorkflowSpec
-from tests.processor.harness import Cluster
+from tests.processor.harness import Cluster, free_port, metric
 
 pytestmark = pytest.mark.kafka
 
@@ -24,23 +22,9 @@ SPEC = WorkflowSpec(name="order")
 BURST = 3000
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _metric(port: int, name: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"no metric {name}")
-
-
 @pytest.mark.timeout(300)
 def test_a_burst_of_starts_costs_no_producer_reset(cluster: Cluster) -> None:
-    port = _free_port()
+    port = free_port()
     worker = cluster.start(
         "burst",
         {"FLOWSTREAM_METRICS_PORT": str(port), "FLOWSTREAM_TRANSACTION_TIMEOUT_MS": "1000"},
@@ -57,5 +41,5 @@ def test_a_burst_of_starts_costs_no_producer_reset(cluster: Cluster) -> None:
     took = time.monotonic() - began
     assert worker.process.poll() is None, worker.output()[-3000:]
     assert {r.status.value for r in results.values()} == {"completed"}
-    resets = _metric(port, "flowstream_producer_resets_total")
+    resets = metric(port, "flowstream_producer_resets_total")
     assert resets == 0, f"{resets:.0f} producer resets in {took:.1f} s:\n{worker.output()[-3000:]}"

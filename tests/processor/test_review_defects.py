@@ -10,9 +10,7 @@ The records are read with plain readers that tolerate what the processor's own r
 from __future__ import annotations
 
 import shutil
-import socket
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -45,6 +43,8 @@ from tests.processor.harness import (
     Cluster,
     Worker,
     assert_no_duplicate_sequences,
+    free_port,
+    metric,
     raw_events,
     step_runs,
     wait_until,
@@ -465,26 +465,12 @@ def test_m5_state_of_another_topic_prefix_is_not_taken_for_this_one(
 # -- point 8: a second worker with an instance id in use --------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _metric(port: int, name: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"no metric {name}")
-
-
 @pytest.mark.timeout(120)
 def test_p8_a_second_worker_with_an_instance_id_in_use_refuses_to_start(
     cluster: Cluster,
 ) -> None:
     instance = "shared-id-17"
-    port = _free_port()
+    port = free_port()
     first = cluster.start(instance, extra_env={"FLOWSTREAM_METRICS_PORT": str(port)})
     _ready(cluster, first)
     second = cluster.start("intruder", instance_id=instance)
@@ -498,7 +484,7 @@ def test_p8_a_second_worker_with_an_instance_id_in_use_refuses_to_start(
     code = second.process.poll()
     output = second.output()
     running = first.process.poll() is None
-    resets = _metric(port, "flowstream_producer_resets_total") if running else float("nan")
+    resets = metric(port, "flowstream_producer_resets_total") if running else float("nan")
     assert code not in (None, 0), (
         f"the second worker {'still runs after 30 s' if code is None else 'ended with 0'}; "
         f"the first replaced its producers {resets:.0f} times"

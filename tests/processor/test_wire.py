@@ -3,7 +3,6 @@ events topic is readable with plain confluent-kafka + fastavro, and metrics are 
 
 from __future__ import annotations
 
-import socket
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from flowstream.partitioning import partition_for
 from flowstream.settings import Settings
 from tests.codec.test_independent_reader import read_value
 from tests.processor.apps import SPEC
-from tests.processor.harness import Worker, apply_topics
+from tests.processor.harness import Worker, apply_topics, free_port
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
 
@@ -27,18 +26,12 @@ pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
 EVENT_KIND = wire.RecordKind.EVENT.value.encode()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
 def deployment(
     kafka_bootstrap: str, unique_prefix: str, tmp_path: Path
 ) -> Iterator[tuple[FlowClient, Worker, int]]:
     apply_topics(kafka_bootstrap, unique_prefix)
-    port = _free_port()
+    port = free_port()
     worker = Worker(
         "w1",
         bootstrap=kafka_bootstrap,
