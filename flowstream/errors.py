@@ -17,6 +17,8 @@
     ├── LimitExceededError           replay, child depth or continuation limits
     ├── StoreLockedError             another process holds the embedded store (or a newer
     │                                 writer fenced this Kafka store)
+    ├── InstanceInUseError           a live member of the group runs with this worker's
+    │                                 instance id
     ├── TopologyError                topics missing or unlike topology/ (flowstream.topology)
     ├── DevKafkaError                the local broker launcher failed (flowstream.devkafka)
     └── StepError                    raised *by step handlers* to control retries
@@ -33,6 +35,7 @@ __all__ = [
     "EventConflictError",
     "FlowError",
     "HookTokenConflictError",
+    "InstanceInUseError",
     "InvalidIdentifierError",
     "InvalidTransitionError",
     "LimitExceededError",
@@ -154,6 +157,10 @@ class LimitExceededError(FlowError):
 
 class StoreLockedError(FlowError):
     """Another process holds the embedded store open."""
+
+
+class InstanceInUseError(FlowError):
+    """Another live member of the group runs with this processor's instance id."""
 
 
 class StepError(FlowError):

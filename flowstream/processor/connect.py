@@ -7,7 +7,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from flowstream.errors import FlowError
+from flowstream.errors import InstanceInUseError
 from flowstream.kafka import clients
 from flowstream.settings import Settings
 from flowstream.topology import DEADLETTER, EVENTS, TopologyError
@@ -15,13 +15,9 @@ from flowstream.topology import DEADLETTER, EVENTS, TopologyError
 if TYPE_CHECKING:
     from flowstream.processor.worker import Processor
 
-__all__ = ["InstanceInUseError", "connect_clients", "debug_config", "session_timeout_ms"]
+__all__ = ["connect_clients", "debug_config", "session_timeout_ms"]
 
 LOG = logging.getLogger("flowstream.processor")
-
-
-class InstanceInUseError(FlowError):
-    """Another live member of the group runs with this processor's instance id."""
 
 
 def debug_config(settings: Settings) -> dict[str, str]:
