@@ -217,10 +217,6 @@ class Processor:
         the partitions were dropped and taken again)."""
         self._backlog.clear()
 
-    def wake_loop(self, _: Any = None) -> None:
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self.steps.wake.set)
-
     # -- rebalance (callbacks run inside the consumer's poll) -----------------------------------
 
     def on_assign(self, consumer: Any, assigned: list[Any]) -> None:

@@ -54,7 +54,6 @@ class ProducerSlot:
         # The end offset of the last record written to each events partition.
         self.events_end: dict[int, int] = {}
         self.events_topic = ""
-        self.dropped = 0
         self._lock = threading.Lock()
 
     def begin(self) -> None:
@@ -89,7 +88,6 @@ class ProducerSlot:
                 return
             if current.fallback is None:
                 if current.droppable:
-                    self.dropped += 1
                     LOG.error(
                         "left out a record for %s[%d]: the producer refused it (%s)",
                         current.topic,
