@@ -52,7 +52,14 @@ class ChildRuns(ReplayCycle):
 
     async def _reconcile_children(self, state: RunState, now: datetime | None) -> bool:
         """Create, cancel and drive open children; resolve the first terminal one. True if
-        something was appended to the parent."""
+        something was appended to the parent.
+
+        ``state`` is the store's live projection, which another driver may advance while a child
+        is driven here: the resolution is appended at the sequence the parent had on entry, so a
+        stale one loses the race (``EventConflictError``: the cycle re-reads and replays) instead
+        of being applied to a parent that moved on.
+        """
+        expected = state.last_sequence
         for child_id in sorted(
             state.open_children, key=lambda c: state.children[c].requested_sequence
         ):
@@ -92,7 +99,7 @@ class ChildRuns(ReplayCycle):
                 assert leaf.outcome is not None
                 self.store.append_if_sequence(
                     state.run_id,
-                    state.last_sequence,
+                    expected,
                     [ChildWorkflowResolved(child_id=child_id, outcome=leaf.outcome)],
                 )
                 return True
