@@ -426,12 +426,18 @@ def _children(state: RunState, children: Sequence[ChildWorkflowCommand]) -> Deci
     if len(set(ids)) != len(ids):
         raise _no_progress(state, "start_child_workflows needs unique child ids")
     known = [c for c in children if c.child_id in state.children]
+    missing = [c for c in children if c.child_id not in state.children]
+    # New children are requested after every known one, so the batch must already list them in
+    # that order: known children first, in request order, then the new ones. Any other order
+    # would be accepted now and refused by the next replay, after the new children ran.
     durable_order = sorted(
         (c.child_id for c in known), key=lambda i: state.children[i].requested_sequence
     )
-    if [c.child_id for c in known] != durable_order:
-        raise _differs(
-            state, "child workflow batch order", durable_order, [c.child_id for c in known]
+    if ids != durable_order + [c.child_id for c in missing]:
+        raise NonDeterministicError(
+            state.run_id,
+            "child workflow batch order differs: history="
+            f"{canonical_json(durable_order)} (new children follow); replay={canonical_json(ids)}",
         )
     for child in known:
         durable = state.children[child.child_id]
@@ -454,7 +460,6 @@ def _children(state: RunState, children: Sequence[ChildWorkflowCommand]) -> Deci
                     "cancellation_policy": child.cancellation_policy.value,
                 },
             )
-    missing = [c for c in children if c.child_id not in state.children]
     if not missing and all(state.children[i].outcome is not None for i in ids):
         raise _no_progress(state, "rescheduled only resolved child workflows without progress")
     events: list[FlowEvent] = [

@@ -7,13 +7,15 @@ from __future__ import annotations
 import pytest
 
 from flowstream.engine import FlowEngine
-from flowstream.errors import InvalidTransitionError, LimitExceededError
+from flowstream.errors import InvalidTransitionError, LimitExceededError, NonDeterministicError
 from flowstream.model.commands import RuntimeCommand
 from flowstream.model.events import (
     ChildCancellationPolicy,
     ChildWorkflowRequested,
+    ChildWorkflowResolved,
     RunCreated,
     RunStarted,
+    TerminalOutcome,
 )
 from flowstream.model.snapshot import RunStatus
 from flowstream.replay.context import StepInvocation, WorkflowContext
@@ -302,3 +304,78 @@ def test_a_child_that_continues_as_new_resolves_with_its_last_outcome(
     assert snapshot.output == {"type": "completed", "output": 3}
     chain = engine.continuation_chain(snapshot.children["loop"].run_id)
     assert len(chain) == 4
+
+
+def resolved_batch_history(store: EventStore, ids: list[str]) -> None:
+    """``p1`` requested the children ``ids`` in one batch, and each has resolved."""
+    store.append_if_sequence(
+        "p1",
+        0,
+        [
+            RunCreated(spec=PARENT),
+            RunStarted(),
+            *(
+                ChildWorkflowRequested(
+                    child_id=i, child_run_id=derived_run_id("p1", "child", i), spec=CHILD
+                )
+                for i in ids
+            ),
+            *(
+                ChildWorkflowResolved(child_id=i, outcome=TerminalOutcome(type="completed"))
+                for i in ids
+            ),
+        ],
+    )
+
+
+def batch_order_error(engine: FlowEngine, run_id: str) -> str:
+    """The nondeterminism a drive reports: raised, or recorded as a workflow-task failure."""
+    try:
+        run(engine.drive(run_id))
+    except NonDeterministicError as exc:
+        return str(exc)
+    [failure] = events_of(engine.store.read(run_id), "workflow_task_failed")
+    return str(failure.model_dump_json())
+
+
+@pytest.mark.parametrize(
+    "replayed",
+    [
+        pytest.param(["a", "x", "b"], id="new-child-between"),
+        pytest.param(["x", "a", "b"], id="new-child-first"),
+        pytest.param(["b", "a", "x"], id="known-children-swapped"),
+    ],
+)
+def test_a_drifted_child_batch_is_refused_before_a_new_child_is_requested(
+    store: EventStore, clock: FakeClock, replayed: list[str]
+) -> None:
+    resolved_batch_history(store, ["a", "b"])
+    runtime = runtime_for(
+        lambda ctx: ctx.start_child_workflows([ctx.child_workflow(i, CHILD) for i in replayed])
+    )
+    engine = FlowEngine(store, runtime, clock=clock)
+    message = batch_order_error(engine, "p1")
+    assert "child workflow batch order differs" in message
+    assert [e.child_id for e in events_of(store.read("p1"), "child_workflow_requested")] == [
+        "a",
+        "b",
+    ]
+    assert not store.exists(derived_run_id("p1", "child", "x"))
+
+
+def test_a_batch_may_add_new_children_after_the_known_ones(
+    store: EventStore, clock: FakeClock
+) -> None:
+    resolved_batch_history(store, ["a", "b"])
+
+    def parent(ctx: WorkflowContext) -> RuntimeCommand:
+        if ctx.child_workflow_outcome("c") is None:
+            return ctx.start_child_workflows(
+                [ctx.child_workflow(i, CHILD, {"n": 1} if i == "c" else None) for i in "abc"]
+            )
+        return ctx.complete()
+
+    snapshot = run(FlowEngine(store, runtime_for(parent), clock=clock).drive("p1"))
+    assert snapshot.status is RunStatus.COMPLETED
+    requested = events_of(store.read("p1"), "child_workflow_requested")
+    assert [e.child_id for e in requested] == ["a", "b", "c"]
