@@ -14,6 +14,8 @@
     ├── PayloadTooLargeError         an event exceeds MAX_EVENT_BYTES
     ├── InvalidIdentifierError       a run, step, wait, hook, signal or patch id is malformed
     ├── RuntimeBuildUnavailableError the run is pinned to a build this engine cannot serve
+    ├── WorkflowNotServedError       the engine's runtime does not serve the run's workflow
+    ├── InvalidInputError            a start's input does not validate against its input model
     ├── LimitExceededError           replay, child depth or continuation limits
     ├── StoreLockedError             another process holds the embedded store (or a newer
     │                                 writer fenced this Kafka store)
@@ -37,6 +39,7 @@ __all__ = [
     "HookTokenConflictError",
     "InstanceInUseError",
     "InvalidIdentifierError",
+    "InvalidInputError",
     "InvalidTransitionError",
     "LimitExceededError",
     "NonDeterministicError",
@@ -49,6 +52,7 @@ __all__ = [
     "StepError",
     "StoreLockedError",
     "UnknownOutcomeError",
+    "WorkflowNotServedError",
 ]
 
 
@@ -149,6 +153,34 @@ class RuntimeBuildUnavailableError(FlowError):
         )
         self.required_build_id = required
         self.current_build_id = current
+
+
+class WorkflowNotServedError(FlowError):
+    """The runtime does not serve the run's workflow (it declares others); nothing was
+    appended."""
+
+    def __init__(self, run_id: str, workflow: str, served: list[str]) -> None:
+        super().__init__(
+            f"run {run_id} is workflow {workflow}, which this runtime does not serve (it serves "
+            f"{', '.join(served) or 'none'}); use the runtime that declares it",
+            run_id=run_id,
+        )
+        self.workflow = workflow
+        self.served = tuple(served)
+
+
+class InvalidInputError(FlowError):
+    """A start's input does not validate against the workflow's input model; nothing was
+    appended. The message names the fields, never their values."""
+
+    def __init__(self, run_id: str, workflow: str, model: str, problems: str) -> None:
+        super().__init__(
+            f"run {run_id}: input does not validate against {model}, the input model of "
+            f"workflow {workflow}: {problems}",
+            run_id=run_id,
+        )
+        self.workflow = workflow
+        self.problems = problems
 
 
 class LimitExceededError(FlowError):

@@ -1,19 +1,38 @@
-"""``FlowRuntime``: the two entry points user code implements.
+"""``FlowRuntime``: the two entry points user code implements, and what a runtime may declare.
 
 ``run_workflow`` decides the next command from history and has no side effects; ``run_step``
 performs side effects and runs at least once. Either may be a coroutine function.
+
+A runtime may also declare the workflows it serves, as a ``workflow_inputs`` mapping from
+workflow name to that workflow's input model (a pydantic model class, or ``None`` for any JSON)::
+
+    class OrderRuntime:
+        workflow_inputs = {"order": OrderInput}
+
+One declaration answers both questions an engine asks before it writes anything: does this code
+serve the run's workflow (``check_served``), and is a start's input one the workflow can read
+(``check_input``)? A runtime without ``workflow_inputs`` serves every name and takes any input,
+so the two seed entry points stay the whole required contract. It is data, not a method, so an
+error can list what a runtime serves and a client can read the input's shape from the model; it
+is keyed by name only, as one runtime build serves one version of each of its workflows. (Not
+``workflows``: runtimes commonly keep their dispatch table of workflow functions under that
+name.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import Protocol, runtime_checkable
+from collections.abc import Awaitable, Mapping
+from typing import Any, Protocol, runtime_checkable
 
+from pydantic import BaseModel, ValidationError
+
+from flowstream.errors import InvalidInputError, WorkflowNotServedError
 from flowstream.model.base import JSON
 from flowstream.model.commands import RuntimeCommand
+from flowstream.model.spec import WorkflowSpec
 from flowstream.replay.context import StepInvocation, WorkflowInvocation
 
-__all__ = ["FlowRuntime"]
+__all__ = ["DeclaresWorkflows", "FlowRuntime", "check_input", "check_served"]
 
 
 @runtime_checkable
@@ -25,3 +44,48 @@ class FlowRuntime(Protocol):
     ) -> RuntimeCommand | Awaitable[RuntimeCommand]: ...
 
     def run_step(self, invocation: StepInvocation) -> JSON | Awaitable[JSON]: ...
+
+
+@runtime_checkable
+class DeclaresWorkflows(Protocol):
+    """A runtime that names the workflows it serves and, per workflow, its input model."""
+
+    @property
+    def workflow_inputs(self) -> Mapping[str, type[BaseModel] | None]: ...
+
+
+def _declared(runtime: object) -> Mapping[str, type[BaseModel] | None] | None:
+    # getattr, not isinstance on the protocol: this runs before every decision.
+    declared = getattr(runtime, "workflow_inputs", None)
+    if declared is None or isinstance(declared, Mapping):
+        return declared
+    kind = type(runtime).__name__
+    raise TypeError(f"{kind}.workflow_inputs must map workflow names to input models or None")
+
+
+def check_served(runtime: object, run_id: str, spec: WorkflowSpec) -> None:
+    """Raise ``WorkflowNotServedError`` unless ``runtime`` serves ``spec``'s workflow."""
+    declared = _declared(runtime)
+    if declared is not None and spec.name not in declared:
+        raise WorkflowNotServedError(run_id, spec.name, sorted(declared))
+
+
+def check_input(runtime: object, run_id: str, spec: WorkflowSpec, input: JSON) -> None:
+    """Raise ``InvalidInputError`` if ``input`` does not validate against the input model
+    ``runtime`` declares for ``spec``'s workflow (no model: any JSON is accepted)."""
+    declared = _declared(runtime)
+    model = None if declared is None else declared.get(spec.name)
+    if model is None:
+        return
+    try:
+        model.model_validate(input)
+    except ValidationError as exc:
+        raise InvalidInputError(run_id, spec.name, model.__name__, _problems(exc)) from None
+
+
+def _problems(error: ValidationError) -> str:
+    """The validation errors in one line, without the input values (they may be secrets)."""
+    items: list[Any] = error.errors(include_input=False, include_url=False)
+    return "; ".join(
+        f"{'.'.join(str(p) for p in item['loc']) or 'input'}: {item['msg']}" for item in items
+    )

@@ -32,7 +32,7 @@ from flowstream.model.spec import WorkflowSpec
 from flowstream.replay.context import HistoryView, WorkflowInvocation
 from flowstream.replay.decide import decide, engine_repair, is_suspended
 from flowstream.replay.state import RunState
-from flowstream.runtime import FlowRuntime
+from flowstream.runtime import FlowRuntime, check_served
 from flowstream.stores.base import Clock, EventStore, utc_now
 
 __all__ = ["ReplayCycle", "maybe_await"]
@@ -91,8 +91,10 @@ class ReplayCycle(ABC):
         return state.snapshot()
 
     def _admit(self, run_id: str, spec: WorkflowSpec) -> None:
+        """Refuse, before anything is appended, a run whose build or workflow is not served."""
         if not self.builds.admits(spec.runtime_build_id):
             raise RuntimeBuildUnavailableError(run_id, spec.runtime_build_id, self.builds.current)
+        check_served(self._runtime_for(spec), run_id, spec)
 
     def _runtime_for(self, spec: WorkflowSpec) -> FlowRuntime:
         """The runtime that replays runs of ``spec`` (one per build in the Kafka processor)."""

@@ -26,6 +26,7 @@ from flowstream.model.base import JSON, json_equal, validate_run_id
 from flowstream.model.events import ParentLink, RunCreated
 from flowstream.model.snapshot import WorkflowRunSnapshot
 from flowstream.model.spec import WorkflowSpec
+from flowstream.runtime import check_input
 
 # ``call_step`` is named here too because the processor loop imports it from this module.
 __all__ = ["FlowEngine", "call_step"]
@@ -60,7 +61,11 @@ class FlowEngine(RunInputs, Cancellation, Inspection, ChildRuns, Continuation, S
         parent: ParentLink | None = None,
         depth: int = 0,
     ) -> None:
-        """Append ``run_created`` unless the run exists with the same spec and input."""
+        """Append ``run_created`` unless the run exists with the same spec and input.
+
+        Nothing is appended for a run this engine may not run (its build or workflow is not
+        served) or whose input does not validate against the workflow's input model.
+        """
         validate_run_id(run_id)
         while True:
             if self.store.exists(run_id):
@@ -71,6 +76,7 @@ class FlowEngine(RunInputs, Cancellation, Inspection, ChildRuns, Continuation, S
                     raise RunConflictError(f"run {run_id}: workflow input differs", run_id=run_id)
                 return
             self._admit(run_id, spec)
+            check_input(self._runtime_for(spec), run_id, spec, input)
             try:
                 created = RunCreated(spec=spec, input=input, parent=parent, depth=depth)
                 self.store.append_if_sequence(run_id, 0, [created])

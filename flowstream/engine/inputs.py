@@ -161,6 +161,7 @@ class RunInputs(ReplayCycle):
                 raise InvalidTransitionError(f"hook {hook_id} does not exist", run_id=run_id)
             if state.is_terminal or hook.status not in (HookStatus.ACTIVE, HookStatus.RECEIVED):
                 return await self._reported(state)
+            self._admit(run_id, state.spec)
             try:
                 self.store.append_if_sequence(
                     run_id, state.last_sequence, [HookDisposed(hook_id=hook_id)]

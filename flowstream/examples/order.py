@@ -33,6 +33,10 @@ class OrderInput(BaseModel):
 class OrderRuntime:
     """Workflow decisions and step handlers for ``order``."""
 
+    #: The workflows this runtime serves, with their input models: an engine refuses a run of
+    #: another workflow, and a start whose input is not an ``OrderInput``, before writing.
+    workflow_inputs = {SPEC.name: OrderInput}
+
     def run_workflow(self, invocation: WorkflowInvocation) -> RuntimeCommand:
         ctx = invocation.context()
         order = ctx.input_as(OrderInput)

@@ -1,8 +1,10 @@
 """``CommandHandler``: one consumed command, from its bytes to its effect on a partition's runs.
 
 Decode (undecodable or oversized → dead letter), check the key's partition, then dispatch by
-type. A command that has to wait is parked (``Inbox``); one the engine refuses is dead-lettered
-with the reason; workflow code that raises while the command is applied is that run's failure
+type. A command that has to wait is parked (``Inbox``), among them one for a run whose build or
+workflow no runtime here serves; one the engine refuses (a start whose input does not validate
+against its workflow's input model, say) is dead-lettered with the reason, and nothing of it is
+appended; workflow code that raises while the command is applied is that run's failure
 (``FailureBoundary``), and the command is dead-lettered with it. Nothing a command holds can
 stop the processor.
 """
@@ -22,6 +24,7 @@ from flowstream.errors import (
     RunNotFoundError,
     RuntimeBuildUnavailableError,
     SerializationError,
+    WorkflowNotServedError,
 )
 from flowstream.kafka import clients
 from flowstream.model.events import ChildWorkflowResolved
@@ -173,7 +176,8 @@ class CommandHandler:
                         await engine.advance(command.run_id, now=now)
                 case ResolveChild():
                     await self._resolve_child(task, command)
-        except RuntimeBuildUnavailableError as exc:
+        except (RuntimeBuildUnavailableError, WorkflowNotServedError) as exc:
+            # Another member (or the next deployment) may serve it: wait, with the reason.
             self.ctx.metrics.parked_for_build.inc()
             raise Park(str(exc)) from exc
 

@@ -21,7 +21,7 @@ from flowstream.model.events import ChildCancellationPolicy, ParentLink
 from flowstream.model.messages import CancelRun, CommandMessage, ResolveChild, StartRun
 from flowstream.model.spec import WorkflowSpec
 from flowstream.replay.state import RunState
-from flowstream.runtime import FlowRuntime
+from flowstream.runtime import FlowRuntime, check_served
 from flowstream.stores.base import Clock, EventStore, utc_now
 
 __all__ = ["PartitionEngine"]
@@ -56,6 +56,7 @@ class PartitionEngine(FlowEngine):
         if spec.runtime_build_id not in self.runtimes:
             served = ",".join(sorted(b or "<unpinned>" for b in self.runtimes))
             raise RuntimeBuildUnavailableError(run_id, spec.runtime_build_id, served)
+        check_served(self.runtimes[spec.runtime_build_id], run_id, spec)
 
     def _runtime_for(self, spec: WorkflowSpec) -> FlowRuntime:
         return self.runtimes[spec.runtime_build_id]

@@ -67,7 +67,7 @@ class ProcessorMetrics:
         )
         self.parked_for_build = Counter(
             "flowstream_parked_for_build",
-            "Commands parked because no served runtime build can replay their run",
+            "Commands parked because no runtime here serves their run's build or workflow",
             registry=r,
         )
         self.timer_lag_seconds = Histogram(
