@@ -6,7 +6,8 @@
     ├── EventConflictError           append_if_sequence lost a race (engine re-reads and replays)
     ├── NonDeterministicError        replay produced another definition for a durable identity
     ├── InvalidTransitionError       a history or command breaks the event state machine
-    │   └── CorruptHistoryError      a stored history fails validation on read
+    │   └── CorruptHistoryError      a stored history fails validation on read, or stored
+    │                                 links contradict each other (a chain or ancestry cycle)
     ├── SerializationError           bytes or JSON that do not decode into the expected type
     ├── RunConflictError             a start/signal/cancel disagrees with what is durable
     │   └── HookTokenConflictError   a hook token is already active in another run
@@ -16,7 +17,7 @@
     ├── RuntimeBuildUnavailableError the run is pinned to a build this engine cannot serve
     ├── WorkflowNotServedError       the engine's runtime does not serve the run's workflow
     ├── InvalidInputError            a start's input does not validate against its input model
-    ├── LimitExceededError           replay, child depth or continuation limits
+    ├── LimitExceededError           replay iterations, child depth or continuation hops
     ├── StoreLockedError             another process holds the embedded store (or a newer
     │                                 writer fenced this Kafka store)
     ├── InstanceInUseError           a live member of the group runs with this worker's
@@ -94,7 +95,8 @@ class InvalidTransitionError(FlowError):
 
 
 class CorruptHistoryError(InvalidTransitionError):
-    """A stored history fails validation; the run is reported, never executed."""
+    """A stored history fails validation, or stored links (continuations, parents) form a
+    cycle; the run is reported, never executed."""
 
 
 class SerializationError(FlowError):
@@ -184,7 +186,9 @@ class InvalidInputError(FlowError):
 
 
 class LimitExceededError(FlowError):
-    """A configured engine limit (replay iterations, child depth, continuations) was hit."""
+    """A configured engine limit was hit: ``max_replay_iterations`` in one drive,
+    ``max_child_depth``, or ``max_continuations`` hops of a continuation chain (checked before
+    the link that would exceed it is appended)."""
 
 
 class StoreLockedError(FlowError):

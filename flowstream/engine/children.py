@@ -5,8 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
+from flowstream.engine.continuation import chain_root
 from flowstream.engine.cycle import ReplayCycle
-from flowstream.errors import EventConflictError, LimitExceededError, RuntimeBuildUnavailableError
+from flowstream.errors import (
+    CorruptHistoryError,
+    EventConflictError,
+    LimitExceededError,
+    RuntimeBuildUnavailableError,
+)
 from flowstream.model.events import (
     ChildCancellationPolicy,
     ChildWorkflowRequested,
@@ -32,15 +38,19 @@ class ChildRuns(ReplayCycle):
                 f"run {state.run_id}: child workflow depth would exceed {self._max_child_depth}",
                 run_id=state.run_id,
             )
-        ancestors = set()
+        ancestors: set[str] = set()
         link = state.parent
-        current = state
         while link is not None:
+            if link.run_id in ancestors or link.run_id == state.run_id:
+                raise CorruptHistoryError(
+                    f"the ancestry of run {state.run_id} has a cycle at run {link.run_id}; the "
+                    "links in the store contradict each other",
+                    run_id=state.run_id,
+                )
             ancestors.add(link.run_id)
             if not self.store.exists(link.run_id):
                 break
-            current = self.store.state(link.run_id)
-            link = current.parent
+            link = self.store.state(link.run_id).parent
         for event in events:
             if isinstance(event, ChildWorkflowRequested) and event.child_run_id in ancestors | {
                 state.run_id
@@ -114,11 +124,7 @@ class ChildRuns(ReplayCycle):
             return
         if not notify_parent:
             return
-        root = state
-        while root.parent is not None and root.parent.continued:
-            if not self.store.exists(root.parent.run_id):
-                return
-            root = self.store.state(root.parent.run_id)
+        root = chain_root(self.store, state)
         if root.parent is None or root.parent.child_id is None:
             return
         parent_id = root.parent.run_id

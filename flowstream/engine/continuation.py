@@ -1,16 +1,72 @@
-"""``Continuation``: the chain of runs a run continues into, each created from a durable link."""
+"""``Continuation``: the chain of runs a run continues into, each created from a durable link.
+
+A chain is bounded: a continuation that would be hop ``max_continuations`` + 1 of its chain is
+refused before its link is appended (each run's link stores its hop, so the check reads nothing
+else), so one drive, which follows and drives a chain to its active run, drives at most that many
+hops. Every walk along a chain, forward to its active run or back to its root, refuses a cycle.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from flowstream.engine.cycle import ReplayCycle
-from flowstream.errors import EventConflictError, InvalidTransitionError
+from flowstream.errors import CorruptHistoryError, EventConflictError, LimitExceededError
 from flowstream.model.base import json_equal
-from flowstream.model.events import ParentLink, RunCreated
+from flowstream.model.events import FlowEvent, ParentLink, RunContinuedAsNew, RunCreated
 from flowstream.replay.state import RunState
+from flowstream.stores.base import EventStore
 
-__all__ = ["Continuation"]
+__all__ = ["ChainWalk", "Continuation", "chain_hop", "chain_root", "successor_link"]
+
+
+def chain_hop(state: RunState) -> int:
+    """How many continuations lead from the root of ``state``'s chain to it (0 for a root)."""
+    parent = state.parent
+    return parent.hop if parent is not None and parent.continued else 0
+
+
+def successor_link(state: RunState) -> ParentLink:
+    """The link a continued ``state``'s successor is created with."""
+    return ParentLink(run_id=state.run_id, continued=True, hop=chain_hop(state) + 1)
+
+
+class ChainWalk:
+    """One walk along a continuation chain from ``start``, which refuses to pass a run twice.
+
+    A chain can only loop if the links in the store contradict each other (each successor's
+    ``run_created`` is checked against the link that names it), so a cycle is a corrupt history.
+    """
+
+    def __init__(self, start: str, *, direction: str = "forward") -> None:
+        self.start = start
+        self.direction = direction
+        self._seen = {start}
+
+    def follow(self, run_id: str) -> None:
+        """Take one hop, to ``run_id``."""
+        if run_id in self._seen:
+            raise CorruptHistoryError(
+                f"the continuation chain has a cycle: walking {self.direction} from run "
+                f"{self.start}, run {run_id} comes again after {len(self._seen) - 1} hops; the "
+                "links in the store contradict each other, so these runs are not driven",
+                run_id=self.start,
+            )
+        self._seen.add(run_id)
+
+
+def chain_root(store: EventStore, state: RunState) -> RunState:
+    """The first run of ``state``'s chain that ``store`` holds (the root, unless a predecessor
+    lives in another store)."""
+    walk = ChainWalk(state.run_id, direction="back")
+    while state.parent is not None and state.parent.continued:
+        predecessor = state.parent.run_id
+        walk.follow(predecessor)
+        if not store.exists(predecessor):
+            break
+        state = store.state(predecessor)
+    return state
 
 
 class Continuation(ReplayCycle):
@@ -19,11 +75,11 @@ class Continuation(ReplayCycle):
     def continuation_chain(self, run_id: str) -> list[str]:
         """``run_id`` and every successor after it, in order."""
         chain = [run_id]
+        walk = ChainWalk(run_id)
         state = self.store.state(run_id)
         while state.outcome is not None and state.outcome.successor_run_id is not None:
             successor = state.outcome.successor_run_id
-            if successor in chain:
-                raise InvalidTransitionError("continuation chain has a cycle", run_id=run_id)
+            walk.follow(successor)
             chain.append(successor)
             if not self.store.exists(successor):
                 break
@@ -32,16 +88,30 @@ class Continuation(ReplayCycle):
 
     async def _leaf(self, run_id: str) -> RunState:
         """The active run of ``run_id``'s continuation chain (repairing a missing successor)."""
+        walk = ChainWalk(run_id)
         state = self.store.state(run_id)
-        seen = {run_id}
         while state.outcome is not None and state.outcome.successor_run_id is not None:
-            successor = state.outcome.successor_run_id
-            if successor in seen:
-                raise InvalidTransitionError("continuation chain has a cycle", run_id=run_id)
-            seen.add(successor)
+            walk.follow(state.outcome.successor_run_id)
             self._ensure_successor(state)
-            state = self.store.state(successor)
+            state = self.store.state(state.outcome.successor_run_id)
         return state
+
+    def _check_continuation(self, state: RunState, events: Sequence[FlowEvent]) -> None:
+        if not self._max_continuations:
+            return
+        if not any(isinstance(e, RunContinuedAsNew) for e in events):
+            return
+        hop = chain_hop(state) + 1
+        if hop <= self._max_continuations:
+            return
+        root = chain_root(self.store, state).run_id
+        raise LimitExceededError(
+            f"run {state.run_id}: continuing as new would be hop {hop} of the continuation chain "
+            f"of root {root}, beyond max_continuations={self._max_continuations}; nothing was "
+            "appended. A workflow that continues without ever waiting spins: fix its code, or "
+            "raise max_continuations (0 disables the limit)",
+            run_id=state.run_id,
+        )
 
     def _ensure_successor(self, state: RunState) -> None:
         assert state.outcome is not None and state.outcome.successor_run_id is not None
@@ -49,7 +119,7 @@ class Continuation(ReplayCycle):
         created = RunCreated(
             spec=state.spec,
             input=state.continuation_input,
-            parent=ParentLink(run_id=state.run_id, continued=True),
+            parent=successor_link(state),
             depth=state.depth,
         )
         if not self.store.exists(successor):
@@ -59,8 +129,14 @@ class Continuation(ReplayCycle):
             except EventConflictError:
                 pass
         found = self.store.state(successor).history[0].event
-        if not json_equal(found.model_dump(mode="json"), created.model_dump(mode="json")):
-            raise InvalidTransitionError(
+        # A successor made before links carried their hop has hop 0: the hop is bookkeeping
+        # derived from the predecessor, so it is not part of what must match.
+        unhopped = {"parent": {"hop"}}
+        if not json_equal(
+            found.model_dump(mode="json", exclude=unhopped),
+            created.model_dump(mode="json", exclude=unhopped),
+        ):
+            raise CorruptHistoryError(
                 f"run {successor} exists but is not the continuation of {state.run_id}: "
                 "its run_created differs from the durable link",
                 run_id=state.run_id,
@@ -69,10 +145,11 @@ class Continuation(ReplayCycle):
     async def _drive_chain(
         self, run_id: str, now: datetime | None, *, notify_parent: bool
     ) -> RunState:
+        walk = ChainWalk(run_id)
         state = await self._drive_one(run_id, now, notify_parent=notify_parent)
         while state.outcome is not None and state.outcome.successor_run_id is not None:
+            successor = state.outcome.successor_run_id
+            walk.follow(successor)
             self._ensure_successor(state)
-            state = await self._drive_one(
-                state.outcome.successor_run_id, now, notify_parent=notify_parent
-            )
+            state = await self._drive_one(successor, now, notify_parent=notify_parent)
         return state

@@ -57,17 +57,22 @@ class ReplayCycle(ABC):
         builds: RuntimeBuilds | None = None,
         max_replay_iterations: int = 1_000_000,
         max_child_depth: int = 32,
+        max_continuations: int = 1_000,
         on_conflict: Callable[[], None] | None = None,
         eager_steps: bool = False,
     ) -> None:
         if max_replay_iterations < 1:
             raise ValueError("max_replay_iterations must be at least 1")
+        if max_continuations < 0:
+            raise ValueError("max_continuations must be 0 (no limit) or more")
         self.store = store
         self.runtime = runtime
         self._clock = clock
         self.builds = builds or RuntimeBuilds()
         self._max_iterations = max_replay_iterations
         self._max_child_depth = max_child_depth
+        #: The longest continuation chain, in hops after its root (0: no limit).
+        self._max_continuations = max_continuations
         #: Called for every lost append_if_sequence race (the cycle then replays); for metrics.
         self.on_conflict = on_conflict
         #: Start a step's handler without waiting for its ``step_started`` to be durable (the
@@ -137,6 +142,7 @@ class ReplayCycle(ABC):
                     continue
                 decision = decide(state, command, moment)
                 self._check_children(state, decision.events)
+                self._check_continuation(state, decision.events)
                 if decision.events:
                     self.store.append_if_sequence(run_id, expected, decision.events)
                 if decision.run_steps:
@@ -175,6 +181,10 @@ class ReplayCycle(ABC):
     @abstractmethod
     def _check_children(self, state: RunState, events: Sequence[FlowEvent]) -> None:
         """Refuse ``events`` that would request a child too deep or forming a cycle."""
+
+    @abstractmethod
+    def _check_continuation(self, state: RunState, events: Sequence[FlowEvent]) -> None:
+        """Refuse ``events`` that would continue ``state`` past the continuation limit."""
 
     @abstractmethod
     async def _reconcile_children(self, state: RunState, now: datetime | None) -> bool:

@@ -70,11 +70,16 @@ class WorkflowProgress(FrozenModel):
 
 
 class ParentLink(FrozenModel):
-    """Where a run came from: a parent's child request, or a predecessor's continuation."""
+    """Where a run came from: a parent's child request, or a predecessor's continuation.
+
+    ``hop`` is a continuation's place in its chain (the root's successor is hop 1), so the
+    continuation limit is checked without reading the runs before it.
+    """
 
     run_id: str
     child_id: str | None = None
     continued: bool = False
+    hop: int = Field(default=0, ge=0)
 
 
 class TerminalOutcome(FrozenModel):

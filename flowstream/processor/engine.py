@@ -16,7 +16,9 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 
 from flowstream.engine import FlowEngine
-from flowstream.errors import RuntimeBuildUnavailableError
+from flowstream.engine.continuation import successor_link
+from flowstream.errors import CorruptHistoryError, RuntimeBuildUnavailableError
+from flowstream.model.base import JSON
 from flowstream.model.events import ChildCancellationPolicy, ParentLink
 from flowstream.model.messages import CancelRun, CommandMessage, ResolveChild, StartRun
 from flowstream.model.spec import WorkflowSpec
@@ -44,10 +46,17 @@ class PartitionEngine(FlowEngine):
         emit: Emit,
         clock: Clock = utc_now,
         on_conflict: Callable[[], None] | None = None,
+        max_continuations: int = 1_000,
     ) -> None:
         if not runtimes:
             raise ValueError("a processor needs at least one runtime")
-        super().__init__(store, next(iter(runtimes.values())), clock=clock, on_conflict=on_conflict)
+        super().__init__(
+            store,
+            next(iter(runtimes.values())),
+            clock=clock,
+            on_conflict=on_conflict,
+            max_continuations=max_continuations,
+        )
         self.runtimes = dict(runtimes)
         self._dispatch = dispatch
         self._emit = emit
@@ -74,6 +83,28 @@ class PartitionEngine(FlowEngine):
     ) -> RunState:
         return await self._drive_one(run_id, now, notify_parent=notify_parent)
 
+    def create(
+        self,
+        run_id: str,
+        spec: WorkflowSpec,
+        input: JSON = None,
+        *,
+        parent: ParentLink | None = None,
+        depth: int = 0,
+    ) -> None:
+        """``FlowEngine.create``, refusing a continuation's start for a run that exists with
+        another link: the chain would lead back into itself (each hop in a cycle would send the
+        next start for ever), so it is not followed."""
+        if parent is not None and parent.continued and self.store.exists(run_id):
+            found = self.store.state(run_id).parent
+            if found != parent:
+                raise CorruptHistoryError(
+                    f"run {run_id} exists but is not hop {parent.hop} of the continuation chain "
+                    f"after run {parent.run_id}: its link differs, so the chain is not followed",
+                    run_id=run_id,
+                )
+        super().create(run_id, spec, input, parent=parent, depth=depth)
+
     def _ensure_successor(self, state: RunState) -> None:
         assert state.outcome is not None and state.outcome.successor_run_id is not None
         self._emit(
@@ -81,7 +112,7 @@ class PartitionEngine(FlowEngine):
                 run_id=state.outcome.successor_run_id,
                 spec=state.spec,
                 input=state.continuation_input,
-                parent=ParentLink(run_id=state.run_id, continued=True),
+                parent=successor_link(state),
                 depth=state.depth,
             )
         )

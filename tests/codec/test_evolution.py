@@ -19,8 +19,8 @@ from fastavro.schema import fingerprint, load_schema, to_parsing_canonical_form
 from flowstream import codec
 from flowstream.codec import MARKER, AvroCodec
 from flowstream.errors import SerializationError
-from flowstream.model.events import EventEnvelope, RunCreated
-from flowstream.model.messages import SendSignal
+from flowstream.model.events import EventEnvelope, ParentLink, RunCreated
+from flowstream.model.messages import SendSignal, StartRun
 from tests.codec.samples import SPEC, T0, envelope, sample_events
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
@@ -145,3 +145,45 @@ def test_a_json_field_added_later_decodes_as_null(tmp_path: Path) -> None:
     assert decoded == SendSignal(run_id="r1", signal_id="s1", name="go", payload=None)
     with pytest.raises(SerializationError, match="unknown writer schema"):
         codec.decode_command(data)
+
+
+@pytest.mark.parametrize(
+    ("history", "value"),
+    [
+        pytest.param(
+            "flowstream.EventEnvelope.v2.avsc",
+            envelope(
+                RunCreated(spec=SPEC, input=2, parent=ParentLink(run_id="r0", continued=True)),
+                sequence=1,
+            ),
+            id="envelope-v2",
+        ),
+        pytest.param(
+            "flowstream.message.StartRun.v1.avsc",
+            StartRun(run_id="r1", spec=SPEC, parent=ParentLink(run_id="r0", continued=True)),
+            id="start-run-v1",
+        ),
+    ],
+)
+def test_a_link_written_before_links_had_a_hop_decodes_as_hop_0(
+    history: str, value: EventEnvelope | StartRun
+) -> None:
+    old, old_fp = _schema(SCHEMAS / "history" / history)
+    name = old["name"].removeprefix("flowstream.")
+    current, _ = _schema(SCHEMAS / f"flowstream.{name}.avsc")
+    encoded = (
+        codec.encode_event(value)
+        if isinstance(value, EventEnvelope)
+        else codec.encode_message(value)
+    )
+    datum = fastavro.schemaless_reader(
+        io.BytesIO(encoded[10:]), current, old, return_record_name=True
+    )
+    old_bytes = _frame(old, old_fp, datum)
+    assert old_bytes[2:10] != encoded[2:10]
+    decoded = (
+        codec.decode_event(old_bytes)
+        if isinstance(value, EventEnvelope)
+        else codec.decode_command(old_bytes)
+    )
+    assert decoded == value

@@ -118,7 +118,12 @@ def test_a_few_fields_by_hand() -> None:
     assert fields["spec"]["name"] == "order" and fields["spec"]["kind"] == "python"
     assert fields["spec"]["patch_markers"] == ["fix-tax", "v2.retry"]
     assert json.loads(fields["input"])["tags"] == ["a", "ü", "😀"]
-    assert fields["parent"] == {"run_id": "parent-1", "child_id": "c1", "continued": False}
+    assert fields["parent"] == {
+        "run_id": "parent-1",
+        "child_id": "c1",
+        "continued": False,
+        "hop": 0,
+    }
     assert fields["depth"] == 2
     _, hook = read_value(codec.encode_event(envelope(events[22])))
     assert hook["event"][0] == "flowstream.event.HookCreated"

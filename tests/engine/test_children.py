@@ -7,12 +7,18 @@ from __future__ import annotations
 import pytest
 
 from flowstream.engine import FlowEngine
-from flowstream.errors import InvalidTransitionError, LimitExceededError, NonDeterministicError
+from flowstream.errors import (
+    CorruptHistoryError,
+    InvalidTransitionError,
+    LimitExceededError,
+    NonDeterministicError,
+)
 from flowstream.model.commands import RuntimeCommand
 from flowstream.model.events import (
     ChildCancellationPolicy,
     ChildWorkflowRequested,
     ChildWorkflowResolved,
+    ParentLink,
     RunCreated,
     RunStarted,
     TerminalOutcome,
@@ -379,3 +385,23 @@ def test_a_batch_may_add_new_children_after_the_known_ones(
     assert snapshot.status is RunStatus.COMPLETED
     requested = events_of(store.read("p1"), "child_workflow_requested")
     assert [e.child_id for e in requested] == ["a", "b", "c"]
+
+
+def test_an_ancestry_cycle_is_reported_before_a_child_is_requested(
+    store: EventStore, clock: FakeClock
+) -> None:
+    """Two runs that name each other as parent: the ancestry walk stops instead of looping."""
+    for run_id, parent_id in (("p1", "p2"), ("p2", "p1")):
+        store.append_if_sequence(
+            run_id,
+            0,
+            [
+                RunCreated(spec=PARENT, parent=ParentLink(run_id=parent_id, child_id="c")),
+                RunStarted(),
+            ],
+        )
+    engine = FlowEngine(store, runtime_for(one_child({"n": 1})), clock=clock)
+    with pytest.raises(CorruptHistoryError) as caught:
+        run(engine.drive("p1"))
+    assert "ancestry" in str(caught.value) and "cycle" in str(caught.value)
+    assert event_types(store.read("p1")) == ["run_created", "run_started"]

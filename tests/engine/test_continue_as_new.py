@@ -9,9 +9,14 @@ from itertools import pairwise
 import pytest
 
 from flowstream.engine import FlowEngine, RuntimeBuilds
-from flowstream.errors import FlowError, InvalidTransitionError
+from flowstream.errors import (
+    CorruptHistoryError,
+    FlowError,
+    InvalidTransitionError,
+    LimitExceededError,
+)
 from flowstream.model.commands import RuntimeCommand
-from flowstream.model.events import RunContinuedAsNew, RunCreated, RunStarted
+from flowstream.model.events import ParentLink, RunContinuedAsNew, RunCreated, RunStarted
 from flowstream.model.snapshot import RunStatus
 from flowstream.replay.context import WorkflowContext
 from flowstream.stores.base import EventStore
@@ -183,3 +188,122 @@ def test_a_successor_that_does_not_match_its_link_is_reported(
     with pytest.raises(FlowError):
         run(engine.drive("root"))
     assert event_types(store.read("root-2")) == ["run_created"]
+
+
+# -- bounds: the hop limit and the cycle guard (issue 16 item 5) ------------------------------
+
+
+def forever(ctx: WorkflowContext) -> RuntimeCommand:
+    """Continues as new every time, never waiting: a spin."""
+    assert isinstance(ctx.input, dict)
+    return ctx.continue_as_new({"n": ctx.input["n"] + 1})
+
+
+def test_each_successor_link_stores_its_hop(store: EventStore, clock: FakeClock) -> None:
+    engine = engine_for(store, counter, clock)
+    run(engine.start("root", SPEC, {"n": 0}))
+    chain = engine.continuation_chain("root")
+    assert engine.snapshot("root").parent is None
+    hops = [store.state(r).parent.hop for r in chain[1:]]  # type: ignore[union-attr]
+    assert hops == [1, 2, 3]
+
+
+def test_a_workflow_that_always_continues_stops_at_the_hop_limit(
+    store: EventStore, clock: FakeClock
+) -> None:
+    engine = FlowEngine(
+        store, make_runtime(forever), clock=clock, builds=BUILDS, max_continuations=5
+    )
+    with pytest.raises(LimitExceededError) as caught:
+        run(engine.start("root", SPEC, {"n": 0}))
+    message = str(caught.value)
+    assert "hop 6" in message and "root root" in message and "max_continuations=5" in message
+    chain = engine.continuation_chain("root")
+    assert len(chain) == 6 and sorted(engine.list_runs()) == sorted(chain)
+    last = chain[-1]
+    assert caught.value.run_id == last
+    # Nothing was appended for the refused hop: the last run has no link and no successor.
+    assert event_types(store.read(last)) == ["run_created", "run_started"]
+    with pytest.raises(LimitExceededError):  # a retry is refused the same way, writing nothing
+        run(engine.drive("root"))
+    assert len(engine.list_runs()) == 6
+
+
+def test_the_hop_limit_can_be_raised_or_disabled(store: EventStore, clock: FakeClock) -> None:
+    engine = FlowEngine(
+        store, make_runtime(counter), clock=clock, builds=BUILDS, max_continuations=3
+    )
+    assert run(engine.start("root", SPEC, {"n": 0})).output == {"n": 3, "patched": True}
+    unlimited = FlowEngine(
+        store, make_runtime(counter), clock=clock, builds=BUILDS, max_continuations=0
+    )
+    assert run(unlimited.start("other", SPEC, {"n": -10})).output == {"n": 3, "patched": True}
+    assert len(unlimited.continuation_chain("other")) == 14
+    with pytest.raises(ValueError):
+        FlowEngine(store, make_runtime(counter), max_continuations=-1)
+
+
+def test_the_limit_applies_to_growth_and_a_higher_one_lets_the_chain_go_on(
+    store: EventStore, clock: FakeClock
+) -> None:
+    def engine(limit: int) -> FlowEngine:
+        return FlowEngine(
+            store, make_runtime(forever), clock=clock, builds=BUILDS, max_continuations=limit
+        )
+
+    with pytest.raises(LimitExceededError):
+        run(engine(4).start("root", SPEC, {"n": 0}))
+    assert len(engine(4).continuation_chain("root")) == 5
+    with pytest.raises(LimitExceededError) as caught:  # a chain past a lowered limit is walked
+        run(engine(2).drive("root"))
+    assert "hop 5" in str(caught.value)
+    with pytest.raises(LimitExceededError) as caught:
+        run(engine(6).drive("root"))
+    assert "hop 7" in str(caught.value)
+    assert len(engine(2).continuation_chain("root")) == 7
+
+
+def plant_cycle(store: EventStore) -> None:
+    """``root`` continues into ``root-2``, which continues back into ``root``: each run's
+    ``run_created`` matches the link that points to it, so only a cycle guard stops a walk."""
+    store.append_if_sequence(
+        "root",
+        0,
+        [
+            RunCreated(
+                spec=SPEC, input={"n": 1}, parent=ParentLink(run_id="root-2", continued=True)
+            ),
+            RunStarted(),
+            RunContinuedAsNew(successor_run_id="root-2", input={"n": 2}),
+        ],
+    )
+    store.append_if_sequence(
+        "root-2",
+        0,
+        [
+            RunCreated(spec=SPEC, input={"n": 2}, parent=ParentLink(run_id="root", continued=True)),
+            RunStarted(),
+            RunContinuedAsNew(successor_run_id="root", input={"n": 1}),
+        ],
+    )
+
+
+def test_a_continuation_cycle_is_reported_by_every_chain_walk(
+    store: EventStore, clock: FakeClock
+) -> None:
+    plant_cycle(store)
+    engine = engine_for(store, counter, clock)
+    walks = {
+        "drive": lambda: run(engine.drive("root")),
+        "start": lambda: run(engine.start("root", SPEC, {"n": 1})),
+        "signal": lambda: run(engine.send_signal("root", "s1", "poke")),
+        "cancel": lambda: run(engine.request_cancellation("root", "stop")),
+        "force cancel": lambda: run(engine.force_cancel("root", "stop")),
+        "chain": lambda: engine.continuation_chain("root"),
+    }
+    for what, walk in walks.items():
+        with pytest.raises(CorruptHistoryError) as caught:
+            walk()
+        assert "cycle" in str(caught.value), what
+    assert sorted(engine.list_runs()) == ["root", "root-2"]
+    assert len(store.read("root")) == 3 and len(store.read("root-2")) == 3
