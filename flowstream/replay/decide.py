@@ -158,7 +158,11 @@ def is_suspended(state: RunState, now: datetime) -> bool:
         return True
     if any(state.waiting_signal_waits.values()):
         return True
-    return bool(state.delayed_steps and not state.due_retries(now))
+    # Only future retries hold the run: a sibling that may run now (an immediate retry, a due
+    # retry, an attempt to redeliver) is not blocked by one that must wait.
+    if not state.delayed_steps or state.due_retries(now):
+        return False
+    return state.active_steps <= state.delayed_steps
 
 
 # -- step outcomes ------------------------------------------------------------------------------

@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 from flowstream.engine import FlowEngine
 from flowstream.model.events import EventEnvelope, FlowEvent, RunCreated, RunStarted
-from flowstream.model.spec import WorkflowSpec
+from flowstream.model.spec import RetryPolicy, WorkflowSpec
 from flowstream.stores.base import EventStore
-from tests.support import FakeClock, RecordingRuntime, StepFn, WorkflowFn, make_runtime, spec
+from tests.support import EPOCH, FakeClock, RecordingRuntime, StepFn, WorkflowFn, make_runtime, spec
 
-__all__ = ["SPEC", "append", "begin", "engine_for", "types_of"]
+__all__ = ["CHILD", "DELAYED", "LATER", "SPEC", "append", "begin", "engine_for", "types_of"]
 
 #: The spec most rules use: it declares the signal names the tests send.
 SPEC = spec("semantics", signal_names=("go", "stop"))
+#: The spec of child runs.
+CHILD = spec("child")
+#: A deadline well after the test clock's start.
+LATER = EPOCH + timedelta(hours=1)
+#: Three attempts a minute apart.
+DELAYED = RetryPolicy.fixed(3, 60_000)
 
 
 def append(store: EventStore, run_id: str, *events: FlowEvent) -> list[EventEnvelope]:

@@ -46,12 +46,10 @@ from flowstream.replay.context import StepInvocation, WorkflowContext
 from flowstream.replay.decide import decide, token_digest
 from flowstream.replay.state import RunState
 from flowstream.stores.base import EventStore
-from tests.semantics.helpers import SPEC, append, begin, engine_for, types_of
+from tests.semantics.helpers import CHILD, LATER, SPEC, append, begin, engine_for, types_of
 from tests.support import EPOCH, FakeClock, run, spec
 
 NOW = EPOCH + timedelta(minutes=1)
-LATER = EPOCH + timedelta(hours=1)
-CHILD = spec("child")
 
 
 def _state(store: EventStore, *events: object) -> RunState:

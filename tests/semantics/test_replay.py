@@ -4,7 +4,6 @@ validation on every read, and what a cancellation request does to the projection
 from __future__ import annotations
 
 import contextlib
-from datetime import timedelta
 
 import pytest
 
@@ -40,14 +39,11 @@ from flowstream.model.spec import RetryPolicy
 from flowstream.replay.context import WorkflowContext
 from flowstream.replay.decide import BATCH_ABORT_REASON, decide, token_digest
 from flowstream.stores.base import EventStore
-from tests.semantics.helpers import SPEC, append, begin, engine_for, types_of
+from tests.semantics.helpers import CHILD, DELAYED, LATER, SPEC, append, begin, engine_for, types_of
 from tests.support import EPOCH, FakeClock, envelope, run, spec
 from tests.support.stores import StoreFactory
 
-LATER = EPOCH + timedelta(hours=1)
-CHILD = spec("child")
 NONE = RetryPolicy.none()
-DELAYED = RetryPolicy.fixed(3, 60_000)
 
 
 def _complete_after_step(ctx: WorkflowContext) -> RuntimeCommand:

@@ -38,13 +38,9 @@ from flowstream.replay.context import StepInvocation, WorkflowContext
 from flowstream.replay.decide import token_digest
 from flowstream.replay.state import project
 from flowstream.stores.base import EventStore
-from tests.semantics.helpers import SPEC, append, begin, engine_for
-from tests.support import EPOCH, Crash, FakeClock, run, spec
+from tests.semantics.helpers import CHILD, DELAYED, LATER, SPEC, append, begin, engine_for
+from tests.support import EPOCH, Crash, FakeClock, run
 from tests.support.stores import StoreFactory
-
-LATER = EPOCH + timedelta(hours=1)
-CHILD = spec("child")
-DELAYED = RetryPolicy.fixed(3, 60_000)
 
 
 def _status(store: EventStore, run_id: str = "r1") -> RunStatus:
