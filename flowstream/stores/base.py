@@ -17,7 +17,10 @@ Rules every store keeps (the conformance suite in ``tests/stores`` proves each o
    there is none); ``state(run_id)`` returns its validated projection.
 7. Due timers and delayed retries are kept in an index by due time, updated in the same atomic
    write as the events, so ``due_wakeups(now)`` never scans histories.
-8. After ``await wait_durable()`` returns, every append made before the call survives a crash or a
+8. ``open_runs(after, limit)`` lists the runs that are not terminal, by run id, from an index
+   updated in the same atomic write as the events (a run joins it with its first event and
+   leaves it with its terminal one), so the liveness scan never reads finished histories.
+9. After ``await wait_durable()`` returns, every append made before the call survives a crash or a
    power loss (appends are atomic and ordered, so a lost tail is a prefix cut, never a hole).
 """
 
@@ -78,12 +81,14 @@ def new_event_id() -> str:
 class IndexChanges:
     """Index updates that ride in the same atomic write as an append."""
 
-    __slots__ = ("added_wakeups", "claimed_hooks", "removed_wakeups")
+    __slots__ = ("added_wakeups", "claimed_hooks", "removed_wakeups", "run_open")
 
     def __init__(self) -> None:
         self.added_wakeups: list[Wakeup] = []
         self.removed_wakeups: list[Wakeup] = []
         self.claimed_hooks: list[tuple[str, str, str]] = []  # (digest, run_id, hook_id)
+        #: The run joins the open-runs index (True), leaves it (False), or stays (None).
+        self.run_open: bool | None = None
 
 
 AppendResult = list[EventEnvelope]
@@ -144,6 +149,10 @@ class EventStore(ABC):
                 self._states.pop(run_id, None)
                 raise
             after = state.wakeups()
+            if state.is_terminal:
+                changes.run_open = False
+            elif expected_sequence == 0:
+                changes.run_open = True
             changes.removed_wakeups = [w for w in before if w not in after]
             changes.added_wakeups = [w for w in after if w not in before]
             try:
@@ -179,6 +188,10 @@ class EventStore(ABC):
     @abstractmethod
     def list_runs(self) -> list[str]:
         """Every run id in the store, sorted."""
+
+    @abstractmethod
+    def open_runs(self, after: str | None, limit: int) -> list[str]:
+        """Up to ``limit`` runs that are not terminal, by run id, after ``after`` (rule 8)."""
 
     @abstractmethod
     def due_wakeups(self, now: datetime) -> list[Wakeup]:

@@ -205,6 +205,11 @@ class KafkaEventStore(EventStore):
         with self._lock:
             return sorted(run for store in self._partitions for run in store.list_runs())
 
+    def open_runs(self, after: str | None, limit: int) -> list[str]:
+        with self._lock:
+            found = [r for store in self._partitions for r in store.open_runs(after, limit)]
+            return sorted(found)[:limit]
+
     def due_wakeups(self, now: datetime) -> list[Wakeup]:
         with self._lock:
             due = [w for store in self._partitions for w in store.due_wakeups(now)]

@@ -24,10 +24,16 @@ class MemoryEventStore(EventStore):
         self._histories: dict[str, list[EventEnvelope]] = {}
         self._wakeups: list[tuple[datetime, str, str, str]] = []
         self._hooks: dict[str, tuple[str, str]] = {}
+        self._open: list[str] = []  # sorted
 
     def list_runs(self) -> list[str]:
         with self._lock:
             return sorted(self._histories)
+
+    def open_runs(self, after: str | None, limit: int) -> list[str]:
+        with self._lock:
+            start = 0 if after is None else bisect.bisect_right(self._open, after)
+            return self._open[start : start + limit]
 
     def due_wakeups(self, now: datetime) -> list[Wakeup]:
         with self._lock:
@@ -58,6 +64,13 @@ class MemoryEventStore(EventStore):
             bisect.insort(self._wakeups, _key(wakeup))
         for digest, owner_run, hook_id in changes.claimed_hooks:
             self._hooks[digest] = (owner_run, hook_id)
+        if changes.run_open is not None:
+            index = bisect.bisect_left(self._open, run_id)
+            present = index < len(self._open) and self._open[index] == run_id
+            if changes.run_open and not present:
+                self._open.insert(index, run_id)
+            elif not changes.run_open and present:
+                del self._open[index]
 
     def _hook_owner(self, token_digest: str) -> tuple[str, str] | None:
         return self._hooks.get(token_digest)

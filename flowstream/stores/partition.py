@@ -14,6 +14,8 @@ Extra keys beside the ``RocksDBEventStore`` layout:
 ``t<token digest>``                <run_id>\\0<hook_id> for token-only hook resumes (digest-keyed)
 ``u<run_id>``                      restored events of a live run whose wakeups and running-step
                                    entries are not built yet (``finish_restore`` builds them)
+``o<run_id>``                      the run is not terminal (the open-runs index, as in
+                                   ``RocksDBEventStore``; restore keeps it as well)
 ``q<run_id>``                      the run is quarantined: its history cannot be read completely
                                    (the value says why); it is never advanced
 
@@ -42,7 +44,12 @@ from flowstream.model.snapshot import StepStatus
 from flowstream.replay.decide import is_suspended
 from flowstream.replay.state import RunState
 from flowstream.stores.base import MAX_EVENT_BYTES, Clock, IndexChanges, utc_now
-from flowstream.stores.rocksdb import RocksDBEventStore, put_append, wakeup_key
+from flowstream.stores.rocksdb import (
+    TERMINAL_EVENTS,
+    RocksDBEventStore,
+    put_append,
+    wakeup_key,
+)
 
 __all__ = ["PartitionStore"]
 
@@ -57,18 +64,8 @@ _Overlays = tuple[dict[str, tuple[str, str]], dict[bytes, bytes | None], dict[st
 Sink = Callable[[str, list[EventEnvelope], list[bytes]], None]
 
 
-_TERMINAL_EVENTS = frozenset(
-    {
-        "run_completed",
-        "run_failed",
-        "run_cancelled",
-        "run_timed_out",
-        "run_retry_exhausted",
-        "run_continued_as_new",
-    }
-)
 #: Events after which a run's timers or delayed retries may differ.
-_WAKEUP_EVENTS = _TERMINAL_EVENTS | {
+_WAKEUP_EVENTS = TERMINAL_EVENTS | {
     "wait_created",
     "wait_completed",
     "step_retrying",
@@ -77,7 +74,7 @@ _WAKEUP_EVENTS = _TERMINAL_EVENTS | {
     "run_cancellation_requested",
 }
 #: Events after which a run may have a running step, or stop having one.
-_RUNNING_EVENTS = _TERMINAL_EVENTS | {
+_RUNNING_EVENTS = TERMINAL_EVENTS | {
     "step_started",
     "step_completed",
     "step_retrying",
@@ -196,6 +193,13 @@ class PartitionStore(_Quarantine, RocksDBEventStore):
 
     def _decode(self, run_id: str, raw: bytes) -> EventEnvelope:
         return codec.decode_event(raw)
+
+    def _event_type(self, raw: bytes) -> str:
+        try:
+            head = codec.default_codec().event_head(raw)
+            return head[2] if head is not None else codec.decode_event(raw).event.type
+        except FlowError:
+            return ""
 
     # -- staging ----------------------------------------------------------------------------
 
@@ -377,7 +381,7 @@ class PartitionStore(_Quarantine, RocksDBEventStore):
             raise InvalidTransitionError(
                 f"sequence {sequence} does not follow {held.last}", run_id=run_id
             )
-        elif held.kind in _TERMINAL_EVENTS:
+        elif held.kind in TERMINAL_EVENTS:
             raise InvalidTransitionError(f"{kind} after the run's {held.kind}", run_id=run_id)
         elif kind == "run_created":
             raise InvalidTransitionError(
@@ -409,8 +413,11 @@ class PartitionStore(_Quarantine, RocksDBEventStore):
         if state is None:
             state = RunState.first(envelope)
             self._remember(envelope.run_id, state)
+            changes.run_open = True
         else:
             state.apply(envelope)
+        if state.is_terminal:
+            changes.run_open = False
         if isinstance(envelope.event, HookCreated):
             changes.claimed_hooks.append(
                 (envelope.event.token_digest, envelope.run_id, envelope.event.hook_id)
@@ -431,13 +438,16 @@ class PartitionStore(_Quarantine, RocksDBEventStore):
             key = run_id.encode()
             batch.put(b"r" + key, held.last.to_bytes(8, "big"))
             self._states.pop(run_id, None)  # a read during the restore cached less
-            if held.kind in _TERMINAL_EVENTS:
+            if held.kind in TERMINAL_EVENTS:
+                batch.delete(b"o" + key)
                 if held.marked:
                     batch.delete(b"u" + key)
                     held.marked = False
-            elif not held.marked:
-                batch.put(b"u" + key, b"")
-                held.marked = True
+            else:
+                batch.put(b"o" + key, b"")
+                if not held.marked:
+                    batch.put(b"u" + key, b"")
+                    held.marked = True
         self._restaged.clear()
         if len(self._restored) > _RESTORED_KEPT:
             # Finished runs are in RocksDB now; a later record of one takes the slow path.

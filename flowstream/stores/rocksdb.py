@@ -6,6 +6,9 @@ Key layout (one RocksDB, raw bytes):
 ``r<run_id>``                   the run's last sequence (8 BE), for ``list_runs`` and conflicts
 ``w<due µs:8 BE>\\0<run>\\0<kind>\\0<subject>``   the wakeup index, scanned by due time
 ``h<token digest>``             ``<run_id>\\0<hook_id>`` of the hook that claimed the token
+``o<run_id>``                   the run is not terminal (the open-runs index of the liveness scan)
+``m/open_index``                the open-runs index is built (a store written before it existed
+                                gets it built once, from each run's last event, when opened)
 
 An append and every index change it causes go in one ``WriteBatch``. With ``sync="group"`` (the
 default) the appends made until the next ``wait_durable`` collect in one batch, written before
@@ -21,6 +24,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import orjson
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from flowstream.errors import SerializationError, StoreLockedError
@@ -28,9 +32,21 @@ from flowstream.model.events import EventEnvelope
 from flowstream.replay.state import RunState, Wakeup
 from flowstream.stores.base import Clock, EventStore, IndexChanges, utc_now
 
-__all__ = ["RocksDBEventStore", "put_append", "wakeup_key"]
+__all__ = ["TERMINAL_EVENTS", "RocksDBEventStore", "put_append", "wakeup_key"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_OPEN_INDEX_KEY = b"m/open_index"
+#: The event types that end a run (it leaves the open-runs index with them).
+TERMINAL_EVENTS = frozenset(
+    {
+        "run_completed",
+        "run_failed",
+        "run_cancelled",
+        "run_timed_out",
+        "run_retry_exhausted",
+        "run_continued_as_new",
+    }
+)
 _OFFSET = 1 << 63
 
 
@@ -71,6 +87,11 @@ def put_append(
         batch.put(wakeup_key(wakeup), b"")
     for digest, owner_run, hook_id in changes.claimed_hooks:
         batch.put(b"h" + digest.encode(), f"{owner_run}\0{hook_id}".encode())
+    if changes.run_open is not None:
+        if changes.run_open:
+            batch.put(b"o" + run_key, b"")
+        else:
+            batch.delete(b"o" + run_key)
 
 
 class _Unknown:
@@ -120,6 +141,8 @@ class RocksDBEventStore(EventStore):
         self._earliest: Wakeup | _Unknown | None = _UNKNOWN
         self._cache_runs = cache_runs
         self._closed = False
+        if self._db.get(_OPEN_INDEX_KEY) is None:
+            self._build_open_index()
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -134,6 +157,40 @@ class RocksDBEventStore(EventStore):
     def list_runs(self) -> list[str]:
         with self._lock:
             return [key[1:].decode() for key, _ in self._scan(b"r")]
+
+    def open_runs(self, after: str | None, limit: int) -> list[str]:
+        with self._lock:
+            self._write_pending()
+            start = b"o" if after is None else b"o" + after.encode() + b"\0"
+            found: list[str] = []
+            if limit <= 0:
+                return found
+            for raw_key in self._db.keys(from_key=start):
+                key = bytes(raw_key)  # type: ignore[arg-type]  # raw mode yields bytes
+                if not key.startswith(b"o"):
+                    break
+                found.append(key[1:].decode())
+                if len(found) >= limit:
+                    break
+            return found
+
+    def _build_open_index(self) -> None:
+        """Index the open runs of a store written before the index existed (once)."""
+        batch = WriteBatch(raw_mode=True)
+        for key, value in self._scan(b"r"):
+            last = self._db.get(b"e" + key[1:] + b"\0" + bytes(value))
+            if last is None or self._event_type(bytes(last)) not in TERMINAL_EVENTS:
+                batch.put(b"o" + key[1:], b"")
+        batch.put(_OPEN_INDEX_KEY, b"")
+        self._db.write(batch, self._write_options)
+
+    def _event_type(self, raw: bytes) -> str:
+        """The type of one stored event, read without validating it."""
+        try:
+            kind = orjson.loads(raw)["event"]["type"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return ""
+        return str(kind)
 
     def due_wakeups(self, now: datetime) -> list[Wakeup]:
         with self._lock:

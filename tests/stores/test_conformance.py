@@ -405,6 +405,50 @@ def test_due_wakeups_do_not_read_histories(
     assert loads == []
 
 
+# -- rule 8: the open-runs index ------------------------------------------------------------------
+
+
+def test_open_runs_are_the_live_runs_in_id_order_a_page_at_a_time(store: EventStore) -> None:
+    for run_id in ("d", "b", "a", "c", "e"):
+        started(store, run_id)
+    store.append_if_sequence("c", 2, [RunCompleted()])
+    assert store.open_runs(None, 10) == ["a", "b", "d", "e"]
+    assert store.open_runs(None, 2) == ["a", "b"]
+    assert store.open_runs("b", 2) == ["d", "e"]
+    assert store.open_runs("bb", 10) == ["d", "e"]
+    assert store.open_runs("e", 10) == []
+
+
+def test_a_run_joins_the_open_runs_with_its_first_event_and_leaves_with_its_end(
+    store: EventStore,
+) -> None:
+    store.append_if_sequence("pending", 0, [RunCreated(spec=SPEC)])
+    store.append_if_sequence("done", 0, [RunCreated(spec=SPEC), RunStarted(), RunCompleted()])
+    assert store.open_runs(None, 10) == ["pending"]
+    store.append_if_sequence("pending", 1, [RunStarted(), RunCancelled()])
+    assert store.open_runs(None, 10) == []
+
+
+def test_a_rejected_append_leaves_the_open_runs_as_they_were(store: EventStore) -> None:
+    started(store, "a")
+    with pytest.raises(InvalidTransitionError):
+        store.append_if_sequence("a", 2, [RunCompleted(), RunStarted()])
+    with pytest.raises(InvalidTransitionError):
+        store.append_if_sequence("b", 0, [RunStarted()])
+    assert store.open_runs(None, 10) == ["a"]
+
+
+def test_the_open_runs_survive_a_restart(stores: StoreFactory, store: EventStore) -> None:
+    started(store, "a")
+    started(store, "b")
+    with_wait(store, "c", "w", 10)
+    store.append_if_sequence("b", 2, [RunCompleted()])
+    reopened = stores.reopen(store)
+    assert reopened.open_runs(None, 10) == ["a", "c"]
+    reopened.append_if_sequence("a", 2, [RunCompleted()])
+    assert reopened.open_runs(None, 10) == ["c"]
+
+
 # -- validation on read ----------------------------------------------------------------------------
 
 
@@ -567,3 +611,18 @@ def test_a_failing_listener_does_not_fail_a_committed_append(store: EventStore) 
     store.add_listener(broken)
     envelopes = store.append_if_sequence("r1", 0, [RunCreated(spec=SPEC)])
     assert [e.sequence for e in envelopes] == [1]
+
+
+def test_a_store_written_before_the_open_runs_index_gets_it_when_opened(
+    stores: StoreFactory, store: EventStore
+) -> None:
+    if stores.kind != "rocksdb":
+        pytest.skip("only the embedded store outlives its format (the others restore)")
+    started(store, "a")
+    started(store, "b", RunCompleted())
+    with_wait(store, "c", "w", 10)
+    store._write_pending()  # type: ignore[attr-defined]
+    db = store._db  # type: ignore[attr-defined]
+    for key in [bytes(k) for k, _ in db.items() if bytes(k).startswith((b"o", b"m/open_index"))]:
+        del db[key]
+    assert stores.reopen(store).open_runs(None, 10) == ["a", "c"]
