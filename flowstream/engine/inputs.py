@@ -1,4 +1,11 @@
-"""``RunInputs``: what wakes a suspended run from outside: due timers, signals and hooks."""
+"""``RunInputs``: what wakes a suspended run from outside: due timers, signals and hooks.
+
+An input delivered again with the same content appends nothing, but it drives the run when
+the run is stalled: a crash between the input's event and the next decision leaves a run that
+waits on nothing, and a retried delivery is what its sender has to move it on. ``resume_due``
+is the embedded scheduler's tick: it fires the due deadlines, then repairs stalled runs (every
+open run on the engine's first tick, a budget of them from a cursor on each later one).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ import hmac
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from flowstream.engine.cycle import ReplayCycle
+from flowstream.engine.liveness import REPAIR_BUDGET, Liveness
 from flowstream.errors import (
     EventConflictError,
     FlowError,
@@ -17,21 +24,27 @@ from flowstream.model.base import JSON
 from flowstream.model.events import HookDisposed, HookReceived, SignalReceived, WaitCompleted
 from flowstream.model.snapshot import HookStatus, WaitStatus, WorkflowRunSnapshot
 from flowstream.replay.decide import token_digest
-from flowstream.replay.state import Wakeup
+from flowstream.replay.state import RunState, Wakeup
 
 __all__ = ["RunInputs", "SchedulerTick"]
 
 
 @dataclass(slots=True)
 class SchedulerTick:
-    """What ``resume_due`` did: runs resumed, and runs whose resumption raised."""
+    """What ``resume_due`` did: runs resumed, stalled runs repaired, and runs whose resumption
+    or repair raised."""
 
     resumed: list[str] = field(default_factory=list)
-    failed: dict[str, FlowError] = field(default_factory=dict)
+    failed: dict[str, Exception] = field(default_factory=dict)
+    repaired: list[str] = field(default_factory=list)
 
 
-class RunInputs(ReplayCycle):
+class RunInputs(Liveness):
     """Delivers timers, delayed retries, signals and hook payloads once each, and drives the run."""
+
+    #: Where the next tick's repair pass starts; ``None`` before the first (which scans all).
+    _repair_cursor: str | None = None
+    _repaired_once = False
 
     # -- timers and retries -----------------------------------------------------------------
 
@@ -50,7 +63,7 @@ class RunInputs(ReplayCycle):
             if wait is None:
                 raise InvalidTransitionError(f"wait {wait_id} does not exist", run_id=run_id)
             if state.is_terminal or wait.status is not WaitStatus.WAITING:
-                return await self._reported(state)
+                return await self._redelivered(state, moment)
             if moment < wait.resume_at:
                 raise InvalidTransitionError(
                     f"wait {wait_id} is due at {wait.resume_at.isoformat()}, not yet",
@@ -82,7 +95,28 @@ class RunInputs(ReplayCycle):
                 tick.resumed.append(run_id)
             except FlowError as exc:
                 tick.failed[run_id] = exc
+        await self._repair_tick(tick, moment)
         return tick
+
+    async def _repair_tick(self, tick: SchedulerTick, now: datetime) -> None:
+        """Repair stalled runs: all open runs on the first tick, then a budget per tick."""
+        while True:
+            repairs = await self.repair_stalled(
+                cursor=self._repair_cursor, budget_runs=REPAIR_BUDGET, now=now
+            )
+            self._repair_cursor = repairs.cursor
+            tick.repaired.extend(repairs.repaired)
+            tick.failed.update(repairs.failed)
+            if self._repaired_once or repairs.cursor is None:
+                break
+        self._repaired_once = True
+
+    async def _redelivered(self, state: RunState, now: datetime) -> WorkflowRunSnapshot:
+        """An input that is already recorded: drive its run if nothing else will."""
+        leaf = await self._leaf(state.run_id)
+        if self._condition_of(leaf, now).is_stalled:
+            return await self.drive(leaf.run_id, now=now)
+        return await self._reported(leaf)
 
     # -- signals and hooks ----------------------------------------------------------------
 
@@ -95,7 +129,7 @@ class RunInputs(ReplayCycle):
             existing = state.signals.get(signal_id)
             if existing is not None:
                 if existing.name == name and existing.payload == payload:
-                    return await self._reported(state)
+                    return await self._redelivered(state, self._clock())
                 raise RunConflictError(
                     f"run {state.run_id}: signal {signal_id} was already received with "
                     "another name or payload",
@@ -129,7 +163,7 @@ class RunInputs(ReplayCycle):
                 raise InvalidTransitionError(f"hook {hook_id} does not exist", run_id=run_id)
             if hook.received:
                 if hook.payload == payload:
-                    return await self._reported(await self._leaf(run_id))
+                    return await self._redelivered(state, self._clock())
                 raise RunConflictError(
                     f"run {run_id}: hook {hook_id} was already resumed with another payload",
                     run_id=run_id,

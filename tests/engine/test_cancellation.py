@@ -90,7 +90,7 @@ def test_open_suspensions_become_non_actionable(
     elif kind == "wait":
         assert snapshot.waits["w"].status is WaitStatus.CANCELLED
         assert engine.next_wakeup() is None
-        assert run(engine.resume_due(LATER)).resumed == []
+        assert store.due_wakeups(LATER) == []  # (resume_due would re-run the crashed step)
     else:
         assert snapshot.signal_waits["sw"].status is WaitStatus.CANCELLED
     assert engine.list_open_suspensions() == []
