@@ -37,6 +37,10 @@ Emit = Callable[[CommandMessage], None]
 class PartitionEngine(FlowEngine):
     """The replay cycle for the runs of one owned partition."""
 
+    #: Steps run outside the cycle and children report by command: a run's condition is what
+    #: its state shows (the restore and the sweeper re-dispatch the steps an owner lost).
+    hosts_work = False
+
     def __init__(
         self,
         store: EventStore,
