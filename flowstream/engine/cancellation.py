@@ -57,6 +57,9 @@ class Cancellation(ReplayCycle):
             state = await self._leaf(run_id)
             if state.is_terminal:
                 return state
+            # Cancelling a child awaits: another driver may move this run meanwhile, and then
+            # these events, decided on what it was, must lose the race instead of being applied.
+            expected = state.last_sequence
             events: list[FlowEvent] = []
             for child_id in state.blocking_children:
                 child = state.children[child_id]
@@ -71,7 +74,7 @@ class Cancellation(ReplayCycle):
                 events.append(ChildWorkflowResolved(child_id=child_id, outcome=outcome))
             events.append(RunCancelled(reason=reason))
             try:
-                self.store.append_if_sequence(state.run_id, state.last_sequence, events)
+                self.store.append_if_sequence(state.run_id, expected, events)
             except EventConflictError:
                 continue
             final = self.store.state(state.run_id)

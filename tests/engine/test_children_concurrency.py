@@ -57,3 +57,39 @@ def test_two_concurrent_drives_of_a_parent_converge(store: EventStore, clock: Fa
     child_run = first.children["import"].run_id
     assert engine.snapshot(child_run).status is RunStatus.COMPLETED
     assert len(events_of(store.read(child_run), "run_completed")) == 1
+
+
+def waiting_child(ctx: WorkflowContext) -> RuntimeCommand:
+    if not ctx.hook_received("h"):
+        return ctx.create_hook("h", "child-token")
+    return ctx.complete()
+
+
+def test_a_forced_cancel_racing_a_drive_of_the_parent_converges(
+    store: EventStore, clock: FakeClock
+) -> None:
+    """The forced cancel cancels the child and then waits for durability; meanwhile a drive of
+    the parent resolves the cancelled child and completes the parent. The forced cancel's own
+    resolution of the child is then stale: it loses the race and reports the completed run."""
+    durable = store.wait_durable
+
+    async def yielding() -> None:
+        await durable()
+        await asyncio.sleep(0)
+
+    store.wait_durable = yielding  # type: ignore[method-assign]
+    engine = FlowEngine(
+        store, make_runtime({"parent": parent, "child": waiting_child}), clock=clock
+    )
+    child_run = run(engine.start("p1", PARENT)).children["import"].run_id
+
+    async def race() -> list[WorkflowRunSnapshot]:
+        return list(await asyncio.gather(engine.force_cancel("p1", "stop"), engine.drive("p1")))
+
+    cancelled, driven = run(race())
+    assert engine.snapshot(child_run).status is RunStatus.CANCELLED
+    final = engine.snapshot("p1")
+    assert final.status is RunStatus.COMPLETED
+    assert cancelled == driven == final
+    history = store.read("p1")
+    assert [e.child_id for e in events_of(history, "child_workflow_resolved")] == ["import"]
