@@ -44,10 +44,11 @@ class Settings(FrozenModel):
     #: idempotency key, as after any crash (steps are at least once either way). Off: a handler
     #: starts only once its ``step_started`` committed.
     eager_steps: bool = False
-    #: The coordinator aborts a transaction open longer than this, and so a dead processor's
-    #: (whose open transaction holds back what the next owner may read) soon after its death.
-    #: Transactions commit every few ms; one that outlives this costs a new producer.
-    transaction_timeout_ms: int = Field(default=2_000, ge=1000)
+    #: The coordinator aborts a transaction open longer than this, which fences its producer
+    #: (a new one is made). Transactions commit every few ms, so this only bounds a stall (a
+    #: slow broker, a starved host). A dead processor's open transaction does not wait for it:
+    #: the next owner of its partitions fences it at once (``processor.fence``).
+    transaction_timeout_ms: int = Field(default=10_000, ge=1000)
     #: A processor that sent no heartbeat for this long loses its partitions (heartbeats every
     #: fifth of it). Raised to the brokers' ``group.min.session.timeout.ms`` if below.
     session_timeout_ms: int = Field(default=2_000, ge=1000)

@@ -22,6 +22,7 @@ from typing import Any
 
 from confluent_kafka import (
     Consumer,
+    ConsumerGroupTopicPartitions,
     KafkaError,
     KafkaException,
     Message,
@@ -47,6 +48,7 @@ __all__ = [
     "ClusterMetadata",
     "ConfigResource",
     "Consumer",
+    "ConsumerGroupTopicPartitions",
     "KafkaError",
     "KafkaException",
     "Message",

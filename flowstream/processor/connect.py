@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from flowstream.errors import InstanceInUseError
 from flowstream.kafka import clients
+from flowstream.processor.fence import OwnerFence
 from flowstream.settings import Settings
 from flowstream.topology import DEADLETTER, EVENTS, TopologyError
 
@@ -38,6 +39,7 @@ def connect_clients(processor: Processor) -> None:
     session_ms = session_timeout_ms(s, admin, brokers)
     refuse_instance_in_use(s, admin, session_ms)
     processor.pipeline.start()
+    processor.tasks.fence = OwnerFence(ctx, admin)
     consumer = clients.new_consumer(
         s.bootstrap,
         s.group,

@@ -58,6 +58,11 @@ class ProcessorMetrics:
             "Dead letters the producer refused in full and in their minimal form",
             registry=r,
         )
+        self.owner_fences = Counter(
+            "flowstream_owner_fences",
+            "Gone previous owners of taken partitions whose open transactions this member aborted",
+            registry=r,
+        )
         self.aborts = Counter("flowstream_transaction_aborts", "Aborted transactions", registry=r)
         self.producer_resets = Counter(
             "flowstream_producer_resets",

@@ -17,6 +17,7 @@ from flowstream.errors import StoreLockedError
 from flowstream.kafka import clients
 from flowstream.processor.context import Context
 from flowstream.processor.engine import PartitionEngine
+from flowstream.processor.fence import OwnerFence
 from flowstream.processor.txn.errors import patiently
 from flowstream.stores.partition import PartitionStore
 from flowstream.topology import (
@@ -96,6 +97,8 @@ class TaskManager:
         self.new_watermarks: Callable[[], Any] = lambda: None
         #: Called with the partitions that were dropped (their held step results go).
         self.on_taken: Callable[[set[int]], None] = lambda partitions: None
+        #: Aborts what a gone previous owner left open (set once connected).
+        self.fence: OwnerFence | None = None
 
     def get(self, partition: int) -> PartitionTask | None:
         return self.owned.get(partition)
@@ -107,9 +110,11 @@ class TaskManager:
         return [t for t in self.owned.values() if t.restoring]
 
     def positions(self) -> list[Any]:
-        """The consumer position of every command partition of every active partition."""
+        """The consumer position of every command partition of every active partition, each
+        naming this instance as its writer (``fence.OwnerFence`` reads it)."""
+        writer = self.ctx.settings.instance_id
         return [
-            clients.TopicPartition(topic, task.partition, position)
+            clients.TopicPartition(topic, task.partition, position, metadata=writer)
             for task in self.owned.values()
             if not task.restoring
             for topic, position in task.positions.items()
@@ -121,6 +126,8 @@ class TaskManager:
         restored; ``seek`` moves the consumer back there (when taking them again)."""
         consumer = self.consumer
         consumer.pause(assigned)
+        if self.fence is not None:
+            self.fence.fence(assigned)  # else committed() waits for a dead owner's timeout
         committed = patiently(lambda: consumer.committed(assigned, timeout=20))
         by_partition: dict[int, dict[str, int]] = {}
         for tp in committed:

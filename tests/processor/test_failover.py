@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -324,3 +326,34 @@ def test_steps_in_flight_when_the_producer_is_replaced_run_for_the_new_owner(
     ran = [(e["run"], e["step"]) for e in step_log(cluster.step_log)]
     assert sorted(ran) == sorted((r, s) for r in run_ids for s in ("validate", "reserve", "charge"))
     assert "Traceback" not in worker.output(), cluster.logs()
+
+
+def test_a_gone_owner_is_fenced_so_its_open_transaction_does_not_hold_the_partitions(
+    cluster: Cluster,
+) -> None:
+    # The previous owner died with a transaction open on every partition, and a timeout of
+    # 120 s: its pending positions hold the next owner's committed() and its records hold
+    # every events partition's last stable offset until the transaction ends.
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.processor.ghost_owner",
+            cluster.bootstrap,
+            cluster.prefix,
+            cluster.group,
+            str(cluster.client.partitions),
+        ],
+        check=True,
+        timeout=60,
+    )
+    began = time.monotonic()
+    worker = cluster.start("heir")
+    run_ids = [f"after-ghost-{i}" for i in range(8)]
+    for run_id in run_ids:
+        cluster.client.start(run_id, SPEC, {})
+    cluster.client.flush()
+    results = cluster.client.wait_all(run_ids, timeout=60)
+    assert {r.status.value for r in results.values()} == {"completed"}, cluster.logs()
+    assert time.monotonic() - began < 90, "the heir waited for the dead owner's timeout"
+    assert "fenced the transactional ids of ghost" in worker.output(), worker.output()[-3000:]
