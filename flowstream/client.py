@@ -27,6 +27,7 @@ from flowstream.model.messages import (
     CommandMessage,
     DisposeHook,
     ResumeHook,
+    RetryRun,
     SendSignal,
     StartRun,
 )
@@ -112,6 +113,10 @@ class FlowClient:
 
     def cancel(self, run_id: str, reason: str | None = None, *, force: bool = False) -> None:
         self._send(CMD_CANCEL, run_id, CancelRun(run_id=run_id, reason=reason, force=force))
+
+    def retry(self, run_id: str) -> None:
+        """Ask the run's owner to drive it again now (after its code or a dependency was fixed)."""
+        self._send(CMD_CANCEL, run_id, RetryRun(run_id=run_id))
 
     def flush(self, timeout: float = 30) -> None:
         if self._producer.flush(timeout):

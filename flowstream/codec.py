@@ -48,6 +48,7 @@ from flowstream.model.messages import (
     RegisterHookToken,
     ResolveChild,
     ResumeHook,
+    RetryRun,
     SendSignal,
     StartRun,
 )
@@ -79,6 +80,7 @@ _COMMANDS: tuple[type[BaseModel], ...] = (
     FireTimer,
     ResolveChild,
     RegisterHookToken,
+    RetryRun,
 )
 _SECRET_BEARING: frozenset[type[BaseModel]] = frozenset({ResumeHook, DeadLetter})
 _PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})

@@ -1,4 +1,5 @@
-"""``flowstream kafka start|wait|status|history|signal|hook|cancel``: runs on a Kafka deployment.
+"""``flowstream kafka start|wait|status|history|signal|hook|cancel|retry``: runs on a Kafka
+deployment.
 
 The embedded commands (``flowstream status``, ``signal``… of :mod:`flowstream.cli.local`) execute
 a run inside this process against a RocksDB directory. These only *send* a command to the run's
@@ -10,6 +11,8 @@ the events topic. Same verbs, another meaning and other options (``--bootstrap``
   count: a command routed with another count would land on a partition that does not own its run.
 * Starting is idempotent by run id and signalling by signal id (processors enforce both), so any
   command may be sent again with the same ids.
+* ``retry`` asks the run's owner to drive it again now: after the code its workflow raised in
+  was fixed and deployed, say. A run that is suspended or ended is left as it is.
 * ``hook --token-stdin`` reads a hook token from standard input (without echo on a terminal) and
   resumes the hook by the token alone. No option takes a token and nothing prints one.
 * Standard output carries the answer (a confirmation, a snapshot, history lines, a run's output),
@@ -59,7 +62,7 @@ _Work = Callable[[argparse.Namespace, FlowClient], int]
 
 
 _DESCRIPTION = (
-    "Send start, signal, hook and cancel commands to the processors of a Kafka deployment "
+    "Send start, signal, hook, cancel and retry commands to the processors of a Kafka deployment "
     "and read runs back from its events topic. Unlike the embedded commands (flowstream "
     "status, signal, ...), nothing runs here: the processor that owns the run's partition "
     "applies each command. Starting is idempotent by run id and signalling by signal id. "
@@ -165,6 +168,9 @@ def register(subparsers: Any) -> None:
     cancel.add_argument("run_id")
     cancel.add_argument("--reason")
     cancel.add_argument("--force", action="store_true", help="end it without workflow code")
+
+    retry = add("retry", "drive a run again now (after a fix)", _retry, (CMD_CANCEL,))
+    retry.add_argument("run_id")
 
 
 # -- plumbing -----------------------------------------------------------------------------
@@ -392,4 +398,11 @@ def _cancel(args: argparse.Namespace, client: FlowClient) -> int:
     client.flush(args.timeout)
     what = "forced cancellation" if args.force else "cancellation request"
     print(f"sent {what} to run {args.run_id}")
+    return 0
+
+
+def _retry(args: argparse.Namespace, client: FlowClient) -> int:
+    client.retry(args.run_id)
+    client.flush(args.timeout)
+    print(f"sent retry to run {args.run_id}")
     return 0

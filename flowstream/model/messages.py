@@ -2,8 +2,8 @@
 
 Clients and processors put a :data:`CommandMessage` on a command topic keyed by its run id
 (``StartRun`` on ``cmd.start``, ``SendSignal`` on ``cmd.signal``, ``ResumeHook`` and
-``DisposeHook`` on ``cmd.hook``, ``CancelRun`` on ``cmd.cancel``, ``FireTimer`` and
-``ResolveChild`` on ``cmd.timer``). A record that cannot be decoded or applied becomes a
+``DisposeHook`` on ``cmd.hook``, ``CancelRun`` and ``RetryRun`` on ``cmd.cancel``, ``FireTimer``
+and ``ResolveChild`` on ``cmd.timer``). A record that cannot be decoded or applied becomes a
 :class:`DeadLetter` on the dead-letter topic; it is not a command and is not part of the union.
 
 A ``ResumeHook`` may carry a hook token, a bearer secret: it is a ``SecretStr``, hidden from
@@ -32,6 +32,7 @@ __all__ = [
     "RegisterHookToken",
     "ResolveChild",
     "ResumeHook",
+    "RetryRun",
     "SendSignal",
     "StartRun",
 ]
@@ -148,6 +149,18 @@ class CancelRun(FrozenModel):
     force: bool = False
 
 
+class RetryRun(FrozenModel):
+    """An operator's request to drive the run again now (its code was fixed, say).
+
+    On ``cmd.cancel``, the topic of the controls clients send about a run's lifecycle: a client
+    never writes ``cmd.timer``, which only processors write (a forged ``FireTimer`` could end a
+    wait early), and a retry is ordered with the cancellations of the same run.
+    """
+
+    type: Literal["retry_run"] = "retry_run"
+    run_id: RunId
+
+
 class FireTimer(FrozenModel):
     """A due timer: a wait (``subject_id`` is the wait id) or a delayed retry (the step id)."""
 
@@ -174,6 +187,7 @@ CommandMessage = Annotated[
     | ResumeHook
     | DisposeHook
     | CancelRun
+    | RetryRun
     | FireTimer
     | ResolveChild
     | RegisterHookToken,

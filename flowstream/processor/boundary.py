@@ -31,7 +31,9 @@ class FailureBoundary:
     * anything else is workflow or step-handler code raising (or the engine failing on its
       output): counted, logged in one line (the traceback at debug level), dead-lettered for
       the run, and the run is marked to be driven again by the partition's next owner, so a
-      fixed deployment moves it on.
+      fixed deployment moves it on;
+    * a command that appended and then failed, whatever the error, marks its run the same way
+      (``moved_then_failed``).
     """
 
     def __init__(self, ctx: Context, dead_letters: DeadLetters) -> None:
@@ -52,6 +54,24 @@ class FailureBoundary:
         except Exception as exc:
             self.failed(task, run_id, exc)
         return False
+
+    @staticmethod
+    def last_sequence(task: Any, run_id: str) -> int:
+        """``run_id``'s last sequence in ``task``'s store (0: no such run)."""
+        store = task.store
+        return store.state(run_id).last_sequence if store.exists(run_id) else 0
+
+    def moved_then_failed(self, task: Any, run_id: str, before: int) -> None:
+        """A command for ``run_id`` failed: if it appended first (``before`` was the run's
+        last sequence), mark the run to be driven again, as when its code raises. The events
+        commit with the dead letter, so without the mark nothing would move the run on."""
+        try:
+            moved = self.last_sequence(task, run_id) != before
+        except FlowError:
+            return  # a history that does not read: nothing to drive
+        if moved:
+            LOG.warning("run %s: its command failed after appending: marked to drive", run_id)
+            task.store.mark_to_drive(run_id)
 
     def failed(self, task: Any, run_id: str, exc: Exception, *, report: bool = True) -> None:
         """Record that ``run_id``'s code raised ``exc`` (``report``: dead-letter it for the run;

@@ -36,6 +36,7 @@ from flowstream.model.messages import (
     RegisterHookToken,
     ResolveChild,
     ResumeHook,
+    RetryRun,
     SendSignal,
     StartRun,
 )
@@ -118,12 +119,16 @@ class CommandHandler:
         quarantined = task.store.quarantined(run_id)
         if quarantined is not None:
             raise InvalidTransitionError(f"run {run_id} is quarantined: {quarantined}")
+        before = self.boundary.last_sequence(task, run_id)
         try:
             await self.apply(task, command)
         except Park as park:
             inbox_id = f"{message.topic()}:{task.partition}:{message.offset()}"
             self.inbox.park(task, run_id, inbox_id, raw, park.reason)
             return f"parked: {park.reason}"
+        except Exception:
+            self.boundary.moved_then_failed(task, run_id, before)
+            raise
         # The run moved on (it may have created the hook a parked resume waits for): a failure
         # there is that parked command's, not this one's.
         await self.boundary.guard(task, run_id, self.inbox.drain(task, run_id))
@@ -160,6 +165,8 @@ class CommandHandler:
                     if not store.exists(command.run_id):
                         raise Park("run does not exist yet")
                     await engine.dispose_hook(command.run_id, command.hook_id)
+                case RetryRun():
+                    self._retry(task, command)
                 case CancelRun():
                     if command.force:
                         await engine.force_cancel(command.run_id, command.reason)
@@ -180,6 +187,18 @@ class CommandHandler:
             # Another member (or the next deployment) may serve it: wait, with the reason.
             self.ctx.metrics.parked_for_build.inc()
             raise Park(str(exc)) from exc
+
+    def _retry(self, task: PartitionTask, command: RetryRun) -> None:
+        """An operator's retry: the run is driven like one a restore left to drive (through
+        the ``FailureBoundary``, its running steps dispatched again if it is suspended)."""
+        if not task.store.exists(command.run_id):
+            raise RunNotFoundError(command.run_id)
+        state = task.store.state(command.run_id)
+        if state.is_terminal:
+            LOG.info("run %s: retry asked, but it is %s", state.run_id, state.status.value)
+            return
+        LOG.info("run %s: driven again at an operator's request", state.run_id)
+        task.to_drive.append(state.run_id)
 
     def _register_token(self, task: PartitionTask, command: RegisterHookToken) -> None:
         task.store.index_hook_token(command.token_digest, command.run_id, command.hook_id)

@@ -15,6 +15,7 @@ from flowstream.model.messages import (
     RegisterHookToken,
     ResolveChild,
     ResumeHook,
+    RetryRun,
     SendSignal,
     StartRun,
 )
@@ -42,6 +43,7 @@ COMMAND_TOPIC_FOR = {
     ResumeHook: CMD_HOOK,
     DisposeHook: CMD_HOOK,
     CancelRun: CMD_CANCEL,
+    RetryRun: CMD_CANCEL,
     FireTimer: CMD_TIMER,
     ResolveChild: CMD_TIMER,
     RegisterHookToken: CMD_HOOK,

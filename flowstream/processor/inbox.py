@@ -77,12 +77,14 @@ class Inbox:
     async def retry(self, task: Any, parked_run: str, inbox_id: str, raw: bytes) -> bool:
         """Apply one parked command; False if it still has to wait."""
         reason = None
+        before = self.boundary.last_sequence(task, parked_run)
         try:
             await self._apply(task, codec.decode_command(raw))
         except Park:
             return False
         except FlowError as exc:
             reason = str(exc)
+            self.boundary.moved_then_failed(task, parked_run, before)
         except Exception as exc:  # workflow code raised: the command is given up, the run kept
             self.boundary.failed(task, parked_run, exc)
             reason = f"runtime code raised {describe(exc)}"

@@ -29,7 +29,9 @@ def test_no_option_takes_a_hook_token_as_an_argument(path: tuple[str, ...]) -> N
 def test_every_verb_is_there_with_the_connection_options() -> None:
     kafka = _subparser(build_parser(), "kafka")
     (verbs,) = [a for a in kafka._actions if isinstance(a, argparse._SubParsersAction)]
-    assert set(verbs.choices) == {"start", "wait", "status", "history", "signal", "hook", "cancel"}
+    assert set(verbs.choices) == {
+        "start", "wait", "status", "history", "signal", "hook", "cancel", "retry"
+    }  # fmt: skip
     for verb in verbs.choices.values():
         options = {o for a in verb._actions for o in a.option_strings}
         assert {"--bootstrap", "--prefix", "--topology", "--timeout"} <= options

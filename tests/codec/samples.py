@@ -57,6 +57,7 @@ from flowstream.model.messages import (
     RegisterHookToken,
     ResolveChild,
     ResumeHook,
+    RetryRun,
     SendSignal,
     StartRun,
 )
@@ -171,6 +172,7 @@ def sample_messages() -> list[Any]:
         DisposeHook(run_id="order-1", hook_id="approval"),
         CancelRun(run_id="order-1", reason="user asked", force=True),
         CancelRun(run_id="order-1"),
+        RetryRun(run_id="order-1"),
         FireTimer(run_id="order-1", kind="wait", subject_id="sleep-1", due=T0),
         FireTimer(
             run_id="order-1",

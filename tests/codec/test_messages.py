@@ -21,13 +21,14 @@ from tests.codec.samples import COMMAND_TYPES, OUTCOME, SPEC, T0, sample_message
 ADAPTER: TypeAdapter[Any] = TypeAdapter(CommandMessage)
 
 
-def test_the_union_holds_the_eight_commands_and_not_the_dead_letter() -> None:
+def test_the_union_holds_the_nine_commands_and_not_the_dead_letter() -> None:
     assert {t.__name__ for t in COMMAND_TYPES} == {
         "StartRun",
         "SendSignal",
         "ResumeHook",
         "DisposeHook",
         "CancelRun",
+        "RetryRun",
         "FireTimer",
         "ResolveChild",
         "RegisterHookToken",

@@ -1,20 +1,24 @@
 """Nothing is written before it is known to be valid, on the broker (issue 16, items 2 and 8): a
 start whose input does not validate against the workflow's input model is dead-lettered with the
 reason and appends nothing; a start of a workflow the processor's runtime does not serve waits in
-the inbox with the reason, and appends nothing either."""
+the inbox with the reason, and appends nothing either. A start dead-lettered after it wrote
+leaves a run the next owner drives, and ``flowstream kafka retry`` drives one at once."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
 from flowstream import codec
+from flowstream.cli import main
 from flowstream.client import EventTail
 from flowstream.errors import RunNotFoundError
 from flowstream.examples.order import SPEC as ORDER
 from flowstream.model.messages import DeadLetter
 from flowstream.settings import Settings
+from tests.processor.admission_apps import SPEC as FRAGILE
 from tests.processor.apps import SPEC as THREE_STEPS
 from tests.processor.harness import Cluster, raw_events, wait_until
 
@@ -77,3 +81,50 @@ def test_a_start_of_a_workflow_not_served_waits_with_the_reason_and_appends_noth
     cluster.workers.pop("w1").stop()
     cluster.start("w2")
     assert client.wait("three-1", timeout=90).status.value == "completed", cluster.logs()
+
+
+FRAGILE_APP = "tests.processor.admission_apps:runtime"
+
+
+def _start_fragile(cluster: Cluster, run_id: str, fixed: Path) -> list[str]:
+    """Start a run whose code raises; wait for the start's dead letter; its history's types."""
+    cluster.client.start(run_id, FRAGILE, {"fixed": str(fixed)})
+    cluster.client.flush()
+    [letter] = dead_letters(cluster, 1, timeout=60)
+    assert "the workflow code has a bug" in letter.reason, letter.reason
+    return [e.event.type for e in cluster.client.history(run_id, timeout=10)]
+
+
+def test_a_start_dead_lettered_after_writing_is_driven_by_the_next_owner(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Item 8: the start appended ``run_created`` (and whatever the engine repairs) before the
+    code raised; once the code is fixed, the partition's next owner drives the run on."""
+    fixed = tmp_path / "fixed"
+    cluster.start("w1", app=FRAGILE_APP)
+    written = _start_fragile(cluster, "fragile-1", fixed)
+    assert written[0] == "run_created", written
+    fixed.touch()
+    cluster.workers.pop("w1").stop()
+    cluster.start("w1", app=FRAGILE_APP)  # the same state directory: restored from its offset
+    assert cluster.client.wait("fragile-1", timeout=90).status.value == "completed", cluster.logs()
+
+
+def test_kafka_retry_drives_a_run_again_after_a_fix(
+    cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fixed = tmp_path / "fixed"
+    cluster.start("w1", app=FRAGILE_APP)
+    _start_fragile(cluster, "fragile-2", fixed)
+    fixed.touch()
+    where = ["--bootstrap", cluster.bootstrap, "--prefix", cluster.prefix]
+    assert main(["kafka", "retry", "fragile-2", *where]) == 0
+    assert capsys.readouterr().out == "sent retry to run fragile-2\n"
+    assert cluster.client.wait("fragile-2", timeout=60).status.value == "completed", cluster.logs()
+    # A retry of a run that ended changes nothing; one of a run that does not exist is refused.
+    assert main(["kafka", "retry", "fragile-2", *where]) == 0
+    assert main(["kafka", "retry", "no-such-run", *where]) == 0
+    letters = dead_letters(cluster, 2, timeout=30)
+    assert any("run no-such-run does not exist" in letter.reason for letter in letters)
+    history = [e.event.type for e in cluster.client.history("fragile-2", timeout=10)]
+    assert history.count("run_completed") == 1
