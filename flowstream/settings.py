@@ -11,7 +11,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from flowstream.model.base import FrozenModel
 
@@ -24,6 +24,8 @@ class Settings(FrozenModel):
     bootstrap: str = "127.0.0.1:19092"
     topic_prefix: str = "flowstream"
     group: str = "flowstream-processors"
+    #: Names this member: its client id, its transactional ids (``processor.fence``), the
+    #: writer of its records. Give each worker a stable one (a restart keeps its ids).
     instance_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     state_dir: str = "flowstream-state"
     app: str = "flowstream.examples.order:runtime"
@@ -60,6 +62,13 @@ class Settings(FrozenModel):
     #: librdkafka debug contexts of the processor's clients (``eos,protocol``, ``all``); their
     #: lines go to the ``flowstream.kafka`` logger. Empty: none.
     kafka_debug: str = ""
+
+    @field_validator("instance_id")
+    @classmethod
+    def _instance_id(cls, value: str) -> str:
+        if not value or any(c in value for c in "/#") or any(c.isspace() for c in value):
+            raise ValueError(f"instance id {value!r} must be non-empty, without '/', '#' or spaces")
+        return value
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -52,7 +52,7 @@ from flowstream.topology import (
     load_topology,
 )
 
-__all__ = ["register"]
+__all__ = ["problems", "register"]
 
 #: The awaited run ended failed, cancelled or continued as new.
 EXIT_NOT_COMPLETED = 3
@@ -194,7 +194,7 @@ def _handler(
             print(f"{prefix} {exc}", file=sys.stderr)
             return 2
         except ValidationError as exc:
-            print(f"{prefix} {_problems(exc)}", file=sys.stderr)
+            print(f"{prefix} {problems(exc)}", file=sys.stderr)
             return 2
         except (FlowError, TimeoutError) as exc:
             print(f"{prefix} {exc}", file=sys.stderr)
@@ -255,7 +255,7 @@ def _require_topics(
             )
 
 
-def _problems(error: ValidationError) -> str:
+def problems(error: ValidationError) -> str:
     """A validation error in one line, without the input (a hook command may hold a token)."""
     return "; ".join(
         f"{'.'.join(str(p) for p in item['loc'])}: {item['msg'].removeprefix('Value error, ')}"

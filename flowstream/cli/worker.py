@@ -12,6 +12,9 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import ValidationError
+
+from flowstream.cli.kafka import problems
 from flowstream.cli.local import load_runtime
 from flowstream.errors import FlowError
 from flowstream.kafka.clients import KafkaError, KafkaException
@@ -102,7 +105,11 @@ def _worker(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    settings = worker_settings(args)
+    try:
+        settings = worker_settings(args)
+    except ValidationError as exc:
+        print(f"error: {problems(exc)}", file=sys.stderr)
+        return 2
     runtimes = runtimes_from(args.app if args.app or not args.build else None, args.build)
     if args.app is None and not args.build:
         runtimes = runtimes_from(settings.app, [])

@@ -38,8 +38,10 @@ _FENCE_S = 10.0
 
 
 def transactional_ids(group: str, instance: str) -> list[str]:
-    """The transactional ids of both producers of ``instance`` (see ``txn.slot``)."""
-    return [f"{group}-{instance}", f"{group}-{instance}.1"]
+    """The transactional ids of the two producers of ``instance`` in ``group``:
+    ``<group>/<instance>`` and ``<group>/<instance>#1``. An instance id has neither ``/`` nor
+    ``#`` (``Settings``), so no two pairs (group, instance) share an id."""
+    return [f"{group}/{instance}", f"{group}/{instance}#1"]
 
 
 class OwnerFence:

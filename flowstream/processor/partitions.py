@@ -13,6 +13,7 @@ from flowstream.model.events import EventEnvelope, HookCreated
 from flowstream.model.messages import RegisterHookToken
 from flowstream.processor.connect import debug_config
 from flowstream.processor.engine import PartitionEngine
+from flowstream.processor.fence import transactional_ids
 from flowstream.processor.tasks import PartitionTask
 from flowstream.processor.txn.errors import retrying
 from flowstream.processor.txn.slot import ProducerSlot
@@ -77,10 +78,9 @@ class PartitionHost:
             if generation == slot.generation:  # not a report of a producer replaced since
                 slot.delivered(err, message)
 
-        suffix = f".{slot.index}" if slot.index else ""
         producer = clients.new_transactional_producer(
             s.bootstrap,
-            f"{s.group}-{s.instance_id}{suffix}",
+            transactional_ids(s.group, s.instance_id)[slot.index],
             {
                 "transaction.timeout.ms": s.transaction_timeout_ms,
                 "message.max.bytes": 4 * 1024 * 1024,

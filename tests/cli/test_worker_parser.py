@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 from flowstream.cli import build_parser
 from flowstream.cli.worker import worker_settings
+from flowstream.processor.fence import transactional_ids
 
 
 def test_eager_steps_comes_from_the_flag_or_the_environment_and_is_off_by_default() -> None:
@@ -18,3 +23,26 @@ def test_eager_steps_comes_from_the_flag_or_the_environment_and_is_off_by_defaul
     env = {"FLOWSTREAM_BOOTSTRAP": "127.0.0.1:2", "FLOWSTREAM_GROUP": "g"}
     settings = worker_settings(bootstrap, env)
     assert (settings.bootstrap, settings.group) == ("127.0.0.1:1", "g")
+
+
+def test_a_bad_setting_is_one_line_and_exit_2_not_a_traceback() -> None:
+    for args, env, wanted in (
+        (["--instance-id", "a/b"], {}, "instance_id: instance id 'a/b' must be non-empty"),
+        ([], {"FLOWSTREAM_COMMIT_INTERVAL_MS": "0"}, "commit_interval_ms: Input should be"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "flowstream", "worker", "--bootstrap", "127.0.0.1:1", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, **env},
+        )
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith(f"error: {wanted}"), done.stderr
+        assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1
+
+
+def test_transactional_ids_of_two_group_and_instance_pairs_never_collide() -> None:
+    pairs = [("a-b", "c"), ("a", "b-c"), ("a/b", "c"), ("a", "b"), ("a/b/c", "1")]
+    ids = [i for group, instance in pairs for i in transactional_ids(group, instance)]
+    assert len(set(ids)) == len(ids)
