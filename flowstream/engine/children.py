@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from flowstream.engine.continuation import chain_root
+from flowstream.engine.continuation import chain_root, reported_child
 from flowstream.engine.cycle import ReplayCycle
 from flowstream.errors import (
     CorruptHistoryError,
@@ -124,14 +124,18 @@ class ChildRuns(ReplayCycle):
             return
         if not notify_parent:
             return
-        root = chain_root(self.store, state)
-        if root.parent is None or root.parent.child_id is None:
+        reported = reported_child(state)
+        link = state.parent
+        if reported is None and link is not None and link.continued and not link.hop:
+            # A chain made before links carried their hop and child: its root says.
+            reported = reported_child(chain_root(self.store, state))
+        if reported is None:
             return
-        parent_id = root.parent.run_id
+        parent_id, child_id = reported
         if not self.store.exists(parent_id):
             return
         parent = self.store.state(parent_id)
-        child = parent.children.get(root.parent.child_id)
+        child = parent.children.get(child_id)
         if parent.is_terminal or child is None or child.outcome is not None:
             return
         try:

@@ -18,7 +18,14 @@ from flowstream.model.events import FlowEvent, ParentLink, RunContinuedAsNew, Ru
 from flowstream.replay.state import RunState
 from flowstream.stores.base import EventStore
 
-__all__ = ["ChainWalk", "Continuation", "chain_hop", "chain_root", "successor_link"]
+__all__ = [
+    "ChainWalk",
+    "Continuation",
+    "chain_hop",
+    "chain_root",
+    "reported_child",
+    "successor_link",
+]
 
 
 def chain_hop(state: RunState) -> int:
@@ -27,9 +34,28 @@ def chain_hop(state: RunState) -> int:
     return parent.hop if parent is not None and parent.continued else 0
 
 
+def reported_child(state: RunState) -> tuple[str, str] | None:
+    """(parent run id, child id) that ``state``'s chain resolves, when its link says so: a child
+    root's own link, or a continuation that carries it."""
+    link = state.parent
+    if link is None or link.child_id is None:
+        return None
+    if not link.continued:
+        return link.run_id, link.child_id
+    return None if link.reports_to is None else (link.reports_to, link.child_id)
+
+
 def successor_link(state: RunState) -> ParentLink:
-    """The link a continued ``state``'s successor is created with."""
-    return ParentLink(run_id=state.run_id, continued=True, hop=chain_hop(state) + 1)
+    """The link a continued ``state``'s successor is created with (carrying the child its
+    chain resolves, if any)."""
+    reported = reported_child(state)
+    return ParentLink(
+        run_id=state.run_id,
+        continued=True,
+        hop=chain_hop(state) + 1,
+        reports_to=None if reported is None else reported[0],
+        child_id=None if reported is None else reported[1],
+    )
 
 
 class ChainWalk:
@@ -129,12 +155,13 @@ class Continuation(ReplayCycle):
             except EventConflictError:
                 pass
         found = self.store.state(successor).history[0].event
-        # A successor made before links carried their hop has hop 0: the hop is bookkeeping
-        # derived from the predecessor, so it is not part of what must match.
-        unhopped = {"parent": {"hop"}}
+        # A successor made before links carried their hop and the child their chain resolves
+        # has neither: both are derived from the predecessor, so they are not part of what must
+        # match.
+        derived = {"parent": {"hop", "reports_to", "child_id"}}
         if not json_equal(
-            found.model_dump(mode="json", exclude=unhopped),
-            created.model_dump(mode="json", exclude=unhopped),
+            found.model_dump(mode="json", exclude=derived),
+            created.model_dump(mode="json", exclude=derived),
         ):
             raise CorruptHistoryError(
                 f"run {successor} exists but is not the continuation of {state.run_id}: "

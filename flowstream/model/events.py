@@ -73,13 +73,16 @@ class ParentLink(FrozenModel):
     """Where a run came from: a parent's child request, or a predecessor's continuation.
 
     ``hop`` is a continuation's place in its chain (the root's successor is hop 1), so the
-    continuation limit is checked without reading the runs before it.
+    continuation limit is checked without reading the runs before it. In the chain of a child,
+    a continuation also names the parent it ``reports_to`` and the ``child_id`` there, so the
+    chain's last run resolves the child without reading the runs before it either.
     """
 
     run_id: str
     child_id: str | None = None
     continued: bool = False
     hop: int = Field(default=0, ge=0)
+    reports_to: str | None = None
 
 
 class TerminalOutcome(FrozenModel):

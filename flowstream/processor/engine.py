@@ -16,12 +16,13 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 
 from flowstream.engine import FlowEngine
-from flowstream.engine.continuation import successor_link
+from flowstream.engine.continuation import reported_child, successor_link
 from flowstream.errors import CorruptHistoryError, RuntimeBuildUnavailableError
 from flowstream.model.base import JSON
 from flowstream.model.events import ChildCancellationPolicy, ParentLink
 from flowstream.model.messages import CancelRun, CommandMessage, ResolveChild, StartRun
 from flowstream.model.spec import WorkflowSpec
+from flowstream.replay.decide import derived_run_id
 from flowstream.replay.state import RunState
 from flowstream.runtime import FlowRuntime, check_served
 from flowstream.stores.base import Clock, EventStore, utc_now
@@ -151,13 +152,17 @@ class PartitionEngine(FlowEngine):
         if state.outcome.successor_run_id is not None:
             self._ensure_successor(state)
             return
-        parent = state.parent
-        if parent is not None and parent.child_id is not None and not parent.continued:
+        # The chain's last run resolves the child: a continuation's link names the parent and
+        # the child, whose run (the chain's root) has the id the parent derived for it.
+        reported = reported_child(state)
+        if reported is not None:
+            parent_id, child_id = reported
+            assert state.parent is not None
+            root = state.run_id
+            if state.parent.continued:
+                root = derived_run_id(parent_id, "child", child_id)
             self._emit(
                 ResolveChild(
-                    run_id=parent.run_id,
-                    child_id=parent.child_id,
-                    child_run_id=state.run_id,
-                    outcome=state.outcome,
+                    run_id=parent_id, child_id=child_id, child_run_id=root, outcome=state.outcome
                 )
             )

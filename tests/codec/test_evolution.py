@@ -163,9 +163,24 @@ def test_a_json_field_added_later_decodes_as_null(tmp_path: Path) -> None:
             StartRun(run_id="r1", spec=SPEC, parent=ParentLink(run_id="r0", continued=True)),
             id="start-run-v1",
         ),
+        pytest.param(
+            "flowstream.EventEnvelope.v3.avsc",
+            envelope(
+                RunCreated(
+                    spec=SPEC, input=2, parent=ParentLink(run_id="r0", continued=True, hop=3)
+                ),
+                sequence=1,
+            ),
+            id="envelope-v3",
+        ),
+        pytest.param(
+            "flowstream.message.StartRun.v2.avsc",
+            StartRun(run_id="r1", spec=SPEC, parent=ParentLink(run_id="r0", continued=True, hop=3)),
+            id="start-run-v2",
+        ),
     ],
 )
-def test_a_link_written_before_links_had_a_hop_decodes_as_hop_0(
+def test_a_link_written_before_a_field_was_added_decodes_with_its_default(
     history: str, value: EventEnvelope | StartRun
 ) -> None:
     old, old_fp = _schema(SCHEMAS / "history" / history)

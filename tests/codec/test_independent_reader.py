@@ -123,6 +123,7 @@ def test_a_few_fields_by_hand() -> None:
         "child_id": "c1",
         "continued": False,
         "hop": 0,
+        "reports_to": None,
     }
     assert fields["depth"] == 2
     _, hook = read_value(codec.encode_event(envelope(events[22])))

@@ -4,6 +4,8 @@ depth limit, and repair of a child whose creation was lost."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 
 from flowstream.engine import FlowEngine
@@ -19,6 +21,7 @@ from flowstream.model.events import (
     ChildWorkflowRequested,
     ChildWorkflowResolved,
     ParentLink,
+    RunContinuedAsNew,
     RunCreated,
     RunStarted,
     TerminalOutcome,
@@ -246,8 +249,9 @@ def test_the_child_depth_limit_is_enforced_before_appending(
     assert "child_workflow_requested" not in event_types(store.read(deepest[0]))
 
 
-def test_a_lost_child_creation_is_repaired_once(store: EventStore, clock: FakeClock) -> None:
-    child_run = derived_run_id("p1", "child", "c")
+def requested_child(store: EventStore, child_id: str, input: object) -> str:
+    """``p1`` has requested child ``child_id`` and nothing else happened; its child run id."""
+    child_run = derived_run_id("p1", "child", child_id)
     store.append_if_sequence(
         "p1",
         0,
@@ -255,10 +259,15 @@ def test_a_lost_child_creation_is_repaired_once(store: EventStore, clock: FakeCl
             RunCreated(spec=PARENT),
             RunStarted(),
             ChildWorkflowRequested(
-                child_id="c", child_run_id=child_run, spec=CHILD, input={"n": 3}
+                child_id=child_id, child_run_id=child_run, spec=CHILD, input=input
             ),
         ],
     )
+    return child_run
+
+
+def test_a_lost_child_creation_is_repaired_once(store: EventStore, clock: FakeClock) -> None:
+    child_run = requested_child(store, "c", {"n": 3})
     runtime = runtime_for(one_child({"n": 3}))
     engine = FlowEngine(store, runtime, clock=clock)
     snapshot = run(engine.drive("p1"))
@@ -271,18 +280,7 @@ def test_a_lost_child_creation_is_repaired_once(store: EventStore, clock: FakeCl
 def test_force_cancel_with_a_lost_child_creation_still_cancels(
     store: EventStore, clock: FakeClock
 ) -> None:
-    child_run = derived_run_id("p1", "child", "c")
-    store.append_if_sequence(
-        "p1",
-        0,
-        [
-            RunCreated(spec=PARENT),
-            RunStarted(),
-            ChildWorkflowRequested(
-                child_id="c", child_run_id=child_run, spec=CHILD, input={"n": 3}
-            ),
-        ],
-    )
+    requested_child(store, "c", {"n": 3})
     engine = FlowEngine(store, runtime_for(one_child({"n": 3})), clock=clock)
     snapshot = run(engine.force_cancel("p1", "stop"))
     assert snapshot.status is RunStatus.CANCELLED
@@ -310,6 +308,43 @@ def test_a_child_that_continues_as_new_resolves_with_its_last_outcome(
     assert snapshot.output == {"type": "completed", "output": 3}
     chain = engine.continuation_chain(snapshot.children["loop"].run_id)
     assert len(chain) == 4
+    for hop, (predecessor, successor) in enumerate(pairwise(chain), start=1):
+        assert store.state(successor).parent == ParentLink(
+            run_id=predecessor, continued=True, hop=hop, child_id="loop", reports_to="p1"
+        )
+
+
+def test_a_child_chain_made_before_links_named_the_parent_still_resolves_it(
+    store: EventStore, clock: FakeClock
+) -> None:
+    root = requested_child(store, "loop", 0)
+    store.append_if_sequence(
+        root,
+        0,
+        [
+            RunCreated(
+                spec=CHILD, input=0, parent=ParentLink(run_id="p1", child_id="loop"), depth=1
+            ),
+            RunStarted(),
+            RunContinuedAsNew(successor_run_id="old-2", input=1),
+        ],
+    )
+    # The successor's link has neither hop nor parent, as links were written before.
+    store.append_if_sequence(
+        "old-2",
+        0,
+        [RunCreated(spec=CHILD, input=1, parent=ParentLink(run_id=root, continued=True), depth=1)],
+    )
+
+    def parent(ctx: WorkflowContext) -> RuntimeCommand:
+        outcome = ctx.child_workflow_outcome("loop")
+        assert outcome is not None
+        return ctx.complete(outcome.output)
+
+    runtime = make_runtime({"parent": parent, "child": lambda ctx: ctx.complete(ctx.input)})
+    engine = FlowEngine(store, runtime, clock=clock)
+    assert run(engine.drive("old-2")).status is RunStatus.COMPLETED
+    assert engine.snapshot("p1").output == 1
 
 
 def resolved_batch_history(store: EventStore, ids: list[str]) -> None:

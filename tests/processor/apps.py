@@ -52,7 +52,10 @@ class ThreeSteps:
         if options.get("hook_digest") and not ctx.hook_received("approval"):
             return ctx.create_hook("approval", token_digest=str(options["hook_digest"]))
         if options.get("child") and ctx.child_workflow_outcome("kid") is None:
-            return ctx.start_child_workflow("kid", SPEC, {"parent": invocation.run_id})
+            kid: dict[str, JSON] = {"parent": invocation.run_id}
+            if options.get("child_hops"):  # the child continues as new that many times
+                kid["continue_hops"] = options["child_hops"]
+            return ctx.start_child_workflow("kid", SPEC, kid)
         hops = int(options.get("continue_hops", 0))
         if hops:
             return ctx.continue_as_new({**options, "continue_hops": hops - 1})

@@ -1,7 +1,8 @@
 """A processor's continuation chains without a broker (issue 16 item 5): ``PartitionEngine`` over
 a memory store, with the ``StartRun`` commands it emits fed back by hand as the processor would.
-Successors carry their hop, a workflow that always continues stops at the hop limit, and a start
-that would lead a chain back into itself is refused instead of cycling through ``cmd.start``."""
+Successors carry their hop, a workflow that always continues stops at the hop limit, a start
+that would lead a chain back into itself is refused instead of cycling through ``cmd.start``, and
+the last run of a child's chain resolves the child."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import pytest
 from flowstream.errors import CorruptHistoryError, LimitExceededError
 from flowstream.model.commands import RuntimeCommand
 from flowstream.model.events import ParentLink, RunContinuedAsNew, RunCreated, RunStarted
-from flowstream.model.messages import CommandMessage, StartRun
+from flowstream.model.messages import CommandMessage, ResolveChild, StartRun
 from flowstream.processor.engine import PartitionEngine
 from flowstream.replay.context import WorkflowContext
+from flowstream.replay.decide import derived_run_id
 from flowstream.stores.memory import MemoryEventStore
 from tests.support import FakeClock, make_runtime, run, spec
 
@@ -89,3 +91,48 @@ def test_a_start_that_leads_a_chain_back_into_itself_is_refused() -> None:
         deliver(engine, back)
     assert "hop 2" in str(caught.value) and "not followed" in str(caught.value)
     assert len(sent) == 2
+
+
+def test_the_last_run_of_a_child_chain_resolves_the_child() -> None:
+    """A child that continues as new: its successors carry the parent and the child id, so the
+    chain's last run reports to the parent although its own link names only its predecessor."""
+    store = MemoryEventStore()
+    sent: list[CommandMessage] = []
+    engine = PartitionEngine(
+        store,
+        {
+            None: make_runtime(
+                lambda ctx: ctx.continue_as_new(1) if ctx.input == 0 else ctx.complete("done")
+            )
+        },
+        dispatch=lambda run_id, steps: None,
+        emit=sent.append,
+        clock=FakeClock(),
+    )
+    child_run = derived_run_id("parent-1", "child", "kid")
+    deliver(
+        engine,
+        StartRun(
+            run_id=child_run,
+            spec=SPEC,
+            input=0,
+            parent=ParentLink(run_id="parent-1", child_id="kid"),
+            depth=1,
+        ),
+    )
+    [start] = sent
+    assert isinstance(start, StartRun) and start.parent is not None
+    assert (start.parent.reports_to, start.parent.child_id, start.parent.hop) == (
+        "parent-1",
+        "kid",
+        1,
+    )
+    deliver(engine, start)
+    resolve = sent[-1]
+    assert isinstance(resolve, ResolveChild)
+    assert (resolve.run_id, resolve.child_id, resolve.child_run_id) == (
+        "parent-1",
+        "kid",
+        child_run,
+    )
+    assert resolve.outcome.type == "completed" and resolve.outcome.output == "done"

@@ -51,13 +51,18 @@ def deployment(
         assert worker.stop() == 0, worker.output()[-3000:]
 
 
+@pytest.mark.parametrize(
+    "hops",
+    [0, pytest.param(2, id="the-child-continues-as-new")],
+)
 def test_a_child_on_another_partition_reports_to_its_parent(
-    deployment: tuple[FlowClient, Worker, int],
+    deployment: tuple[FlowClient, Worker, int], hops: int
 ) -> None:
+    """With ``hops`` the child continues as new: its chain's last run reports the outcome."""
     client, worker, _ = deployment
     parents = [f"parent-{i}" for i in range(6)]
     for run_id in parents:
-        client.start(run_id, SPEC, {"child": True})
+        client.start(run_id, SPEC, {"child": True, "child_hops": hops})
     client.flush()
     results = client.wait_all(parents, timeout=90)
     assert {r.status.value for r in results.values()} == {"completed"}, worker.output()[-2000:]
@@ -67,6 +72,7 @@ def test_a_child_on_another_partition_reports_to_its_parent(
         assert child.outcome is not None and child.outcome.type == "completed"
         kid = client.snapshot(child.run_id)
         assert kid.parent is not None and kid.parent.run_id == run_id
+        assert kid.status.value == ("continued_as_new" if hops else "completed")
     crossing = [
         r
         for r in results.values()
