@@ -1,6 +1,9 @@
 """``flowstream audit``: re-read runs (from the events topic or the embedded store), check their
 histories and replay every decision against the current code; exit 1 if anything is wrong.
 
+A run that is not terminal and waits on nothing is ``STALLED``: it violates the liveness
+invariant (embedded, ``flowstream drive RUN`` moves it on; on Kafka its owner's scan does).
+
 A record of the events topic that does not decode is listed: a run its key names is reported
 ``CORRUPT`` (its history cannot be read completely, so it is not replayed), and the other runs are
 audited as usual; a bad record without a run key is listed on its own.
@@ -13,6 +16,7 @@ import asyncio
 import sys
 import time
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import Any
 
 from flowstream.cli.worker import runtimes_from
@@ -105,6 +109,8 @@ def _audit(args: argparse.Namespace) -> int:
             corrupt.setdefault(record.run_id, []).append(record)
     keyless = [record for record in unreadable if record.run_id is None]
 
+    now = datetime.now(UTC)
+
     async def work() -> list[RunAudit]:
         reports = []
         for run_id in sorted(histories.keys() | corrupt.keys()):
@@ -113,25 +119,28 @@ def _audit(args: argparse.Namespace) -> int:
                 problems = [f"cannot read {record}" for record in corrupt[run_id]]
                 reports.append(RunAudit(run_id, len(history), problems=problems, corrupt=True))
             else:
-                reports.append(await audit_history(history, runtime_for))
+                reports.append(await audit_history(history, runtime_for, now=now))
         return reports
 
     reports = asyncio.run(work())
-    bad = 0
+    bad = stalled = 0
     for report in reports:
-        if report.skipped:
+        if report.skipped and report.ok:
             print(f"{report.run_id}: skipped ({report.skipped})")
         elif report.ok:
             checked = report.decisions_checked
             print(f"{report.run_id}: ok ({report.events} events, {checked} decisions)")
         else:
             bad += 1
+            stalled += report.stalled
             print(f"{report.run_id}: {_verdict(report)}")
             for problem in report.problems:
                 print(f"    {problem}")
     for record in keyless:
         print(f"cannot read {record}")
     summary = f"audited {len(reports)} run(s): {len(reports) - bad} ok, {bad} with problems"
+    if stalled:
+        summary += f" ({stalled} stalled: nothing will move them)"
     if keyless:
         summary += f"; {len(keyless)} record(s) of no run cannot be read"
     print(summary)
@@ -141,4 +150,8 @@ def _audit(args: argparse.Namespace) -> int:
 def _verdict(report: RunAudit) -> str:
     if report.corrupt:
         return "CORRUPT"
-    return "NONDETERMINISTIC" if report.nondeterministic else "INVALID"
+    if report.nondeterministic:
+        return "NONDETERMINISTIC"
+    if report.stalled and len(report.problems) == 1:
+        return "STALLED"
+    return "INVALID"

@@ -1,4 +1,8 @@
-"""Subcommands on the embedded store: demo, status, history, signal, hook, cancel, tick."""
+"""Subcommands on the embedded store: demo, status, history, signal, hook, cancel, tick, drive.
+
+``status`` and ``drive`` lead with the run's liveness condition in one line (what it waits for,
+or that nothing will move it); ``tick`` fires due deadlines and repairs stalled runs.
+"""
 
 from __future__ import annotations
 
@@ -43,8 +47,11 @@ def register(subparsers: Any) -> None:
         return parser
 
     add("demo", "run the example order workflow on the embedded store", _demo)
-    status = add("status", "show a run's snapshot", _status)
+    status = add("status", "say why a run is (not) moving, then show its snapshot", _status)
     status.add_argument("run_id")
+    status.add_argument("--json", action="store_true", help="only the snapshot, as JSON")
+    drive = add("drive", "drive a run on (operator recovery) and say where it stands", _drive)
+    drive.add_argument("run_id")
     history = add("history", "list a run's committed events", _history)
     history.add_argument("run_id")
     signal = add("signal", "send a signal to a run", _signal)
@@ -63,7 +70,7 @@ def register(subparsers: Any) -> None:
     cancel.add_argument("run_id")
     cancel.add_argument("--reason")
     cancel.add_argument("--force", action="store_true", help="end it without workflow code")
-    add("tick", "resume every run whose timer or retry is due", _tick)
+    add("tick", "resume every run whose timer or retry is due, and repair stalled runs", _tick)
 
 
 def load_runtime(spec: str) -> FlowRuntime:
@@ -163,7 +170,17 @@ def _demo(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     async def work(engine: FlowEngine) -> None:
         snapshot = engine.snapshot(args.run_id)
+        if not args.json:
+            print(f"{args.run_id}: {engine.condition(args.run_id).describe()}")
         print(orjson.dumps(snapshot.model_dump(mode="json"), option=orjson.OPT_INDENT_2).decode())
+
+    return _run(args, work)
+
+
+def _drive(args: argparse.Namespace) -> int:
+    async def work(engine: FlowEngine) -> None:
+        snapshot = await engine.drive(args.run_id)
+        print(f"{snapshot.run_id}: {engine.condition(snapshot.run_id).describe()}")
 
     return _run(args, work)
 
@@ -225,7 +242,7 @@ def _cancel(args: argparse.Namespace) -> int:
 def _tick(args: argparse.Namespace) -> int:
     async def work(engine: FlowEngine) -> None:
         tick = await engine.resume_due()
-        print(f"resumed {len(tick.resumed)} run(s)")
+        print(f"resumed {len(tick.resumed)} run(s), repaired {len(tick.repaired)} stalled run(s)")
         for run_id, error in tick.failed.items():
             print(f"{run_id}: {error}", file=sys.stderr)
 

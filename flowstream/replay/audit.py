@@ -6,6 +6,10 @@ code again with exactly the history of that moment and checks that ``decide`` pr
 events that follow. It uses the same functions as the live engine and processor
 (``engine_repair``, ``is_suspended``, ``decide``), so a passing audit means today's code would
 have written the same history.
+
+It also names the run's liveness condition at the end of its history (``replay.liveness``): a
+run that is not terminal and waits on nothing (``NEEDS_DRIVE``) violates the liveness
+invariant, and is reported as a problem of its own (``stalled``).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from flowstream.errors import CorruptHistoryError, FlowError, NonDeterministicError
 from flowstream.model.base import canonical_json, json_equal
@@ -21,6 +26,7 @@ from flowstream.model.events import EventEnvelope, FlowEvent
 from flowstream.model.spec import WorkflowSpec
 from flowstream.replay.context import HistoryView, WorkflowInvocation
 from flowstream.replay.decide import decide, engine_repair, is_suspended
+from flowstream.replay.liveness import Condition, condition
 from flowstream.replay.state import RunState
 from flowstream.runtime import FlowRuntime
 
@@ -57,6 +63,13 @@ class RunAudit:
     skipped: str | None = None
     #: Some of its records could not be read (``problems`` names them): it was not replayed.
     corrupt: bool = False
+    #: The run's liveness condition at the end of its history (``None`` when it is corrupt).
+    condition: Condition | None = None
+
+    @property
+    def stalled(self) -> bool:
+        """Nothing will move the run unless it is driven (the liveness invariant's violation)."""
+        return self.condition is not None and self.condition.is_stalled
 
     @property
     def ok(self) -> bool:
@@ -75,15 +88,21 @@ def _same(replayed: Sequence[FlowEvent], recorded: Sequence[EventEnvelope]) -> b
 async def audit_history(
     history: Sequence[EventEnvelope],
     runtime_for: Callable[[WorkflowSpec], FlowRuntime | None],
+    *,
+    now: datetime | None = None,
 ) -> RunAudit:
-    """Validate ``history`` and replay each of its decisions with the runtime for its spec."""
+    """Validate ``history``, name its liveness condition at ``now`` (default: its last event's
+    time) and replay each of its decisions with the runtime for its spec."""
     run_id = history[0].run_id if history else "<empty>"
     report = RunAudit(run_id, len(history))
     try:
-        RunState.from_history(history)
+        final = RunState.from_history(history)
     except CorruptHistoryError as exc:
         report.problems.append(str(exc))
         return report
+    report.condition = condition(final, now or history[-1].timestamp)
+    if report.condition.is_stalled:
+        report.problems.append(report.condition.describe())
     state = RunState.first(history[0])
     runtime = runtime_for(state.spec)
     if runtime is None:

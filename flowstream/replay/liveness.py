@@ -120,13 +120,16 @@ def condition(
     if deadlines:
         parts = []
         for wakeup in deadlines:
+            late = ", overdue" if wakeup.due <= now else ""
             if wakeup.kind == "wait":
-                parts.append(f"waiting for timer {wakeup.subject_id} (due {_stamp(wakeup.due)})")
+                parts.append(
+                    f"waiting for timer {wakeup.subject_id} (due {_stamp(wakeup.due)}{late})"
+                )
             else:
                 step = state.steps[wakeup.subject_id]
                 parts.append(
                     f"waiting to retry step {wakeup.subject_id} after attempt {step.attempt} "
-                    f"(retry at {_stamp(wakeup.due)})"
+                    f"(retry at {_stamp(wakeup.due)}{late})"
                 )
         return Condition(
             ConditionKind.WAITING_DEADLINE,

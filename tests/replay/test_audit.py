@@ -81,3 +81,20 @@ def test_runs_of_unserved_builds_are_skipped_not_failed() -> None:
     report = asyncio.run(audit_history(history, lambda spec: None))
     assert report.ok and report.skipped is not None
     assert isinstance(SPEC, WorkflowSpec)
+
+
+def test_a_run_that_waits_on_nothing_is_reported_stalled() -> None:
+    history = recorded_order_history()
+    cut = next(i for i, e in enumerate(history) if e.event.type == "step_completed") + 1
+    report = audit(history[:cut], OrderRuntime())
+    assert report.stalled
+    assert report.problems == ["stalled: nothing will move it; run `flowstream drive o-1`"]
+    assert not report.nondeterministic
+
+
+def test_a_suspended_or_finished_run_is_not_stalled() -> None:
+    history = recorded_order_history()
+    cut = next(i for i, e in enumerate(history) if e.event.type == "wait_created") + 1
+    assert audit(history[:cut], OrderRuntime()).ok
+    report = audit(history, OrderRuntime())
+    assert report.condition is not None and report.condition.describe() == "completed"

@@ -139,10 +139,13 @@ def test_a_created_run_that_never_started_is_stalled() -> None:
     assert found.describe() == "stalled: created but not started; run `flowstream drive r1`"
 
 
-def test_a_deadline_names_its_due_time_and_subject() -> None:
-    found = condition(state_of(WaitCreated(wait_id="t1", resume_at=DUE)), EPOCH)
+def test_a_deadline_names_its_due_time_and_subject_and_whether_it_is_overdue() -> None:
+    state = state_of(WaitCreated(wait_id="t1", resume_at=DUE))
+    found = condition(state, EPOCH)
     assert found.due == DUE
     assert found.subjects == ("t1",)
+    late = condition(state, DUE)
+    assert late.describe() == "waiting for timer t1 (due 2026-01-01T00:05:00+00:00, overdue)"
 
 
 def test_a_run_whose_build_is_not_admitted_is_parked() -> None:
