@@ -58,6 +58,10 @@ class Settings(FrozenModel):
     #: A fired timer not applied within this many ms is fired again.
     timer_refire_ms: int = Field(default=30_000, ge=100)
     max_message_bytes: int = Field(default=1024 * 1024, ge=1024)
+    #: A command parked this long (a signal for a run that never started, a start whose build
+    #: no processor serves) is dead-lettered with the reason. Seven days: as long as the
+    #: command topics keep a command, so it can still be looked up, and sent again.
+    parked_ttl_ms: int = Field(default=7 * 24 * 3_600_000, ge=1000)
     metrics_port: int | None = None
     #: librdkafka debug contexts of the processor's clients (``eos,protocol``, ``all``); their
     #: lines go to the ``flowstream.kafka`` logger. Empty: none.

@@ -70,6 +70,11 @@ class ProcessorMetrics:
             "aborted a transaction that outlived transaction.timeout.ms)",
             registry=r,
         )
+        self.parked_expired = Counter(
+            "flowstream_parked_expired",
+            "Parked commands dead-lettered after waiting past their time-to-live",
+            registry=r,
+        )
         self.parked_for_build = Counter(
             "flowstream_parked_for_build",
             "Commands parked because no runtime here serves their run's build or workflow",

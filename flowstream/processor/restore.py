@@ -27,6 +27,7 @@ from typing import Any
 from flowstream import wire
 from flowstream.kafka import clients
 from flowstream.processor.context import Context
+from flowstream.processor.inbox import parked_value
 from flowstream.processor.steps import StepRunner
 from flowstream.processor.tasks import PartitionTask, TaskManager
 from flowstream.topology import EVENTS
@@ -184,7 +185,9 @@ class StateRestorer:
                 task.store.restore_event(value)
             elif kind is wire.RecordKind.INBOX:
                 run_id, inbox_id, raw = wire.split_inbox(value)
-                task.store.park(run_id, inbox_id, raw)
+                kind_of_time, at_ms = message.timestamp()
+                parked_at = at_ms if kind_of_time else int(self.ctx.clock().timestamp() * 1000)
+                task.store.park(run_id, inbox_id, parked_value(parked_at, raw))
             elif kind is wire.RecordKind.INBOX_DONE:
                 run_id, inbox_id, _ = wire.split_inbox(value)
                 task.store.unpark(run_id, inbox_id)

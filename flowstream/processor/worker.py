@@ -10,7 +10,8 @@ It builds the clients and the parts, runs the loop and shuts down. One iteration
 4. apply each command inside the open transaction (``CommandHandler``);
 5. record step outcomes that came back, and drive their runs (``StepRunner``);
 6. drive a budget of the runs a restore or an abort left to drive (``Sweeper``);
-7. fire a budget of due timers (``TimerPunctuator``);
+7. fire a budget of due timers (``TimerPunctuator``), and every so often dead-letter the
+   commands parked past their time-to-live (``Inbox.expire``);
 8. seal the open transaction when nothing more is about to join it (``TransactionPipeline``).
 
 Owning partition *p* means every command topic's partition *p* is assigned to this member.
@@ -160,6 +161,7 @@ class Processor:
         if self.sweeper.pending() and time.monotonic() < until:
             await self.sweeper.sweep()
         self.timers.fire()
+        await self.commands.inbox.expire(self.tasks.active())
         pipeline.refence()
         pipeline.begin_spare()
         if pipeline.decided and pipeline.sealed is None and self._should_commit():

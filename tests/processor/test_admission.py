@@ -128,3 +128,30 @@ def test_kafka_retry_drives_a_run_again_after_a_fix(
     assert any("run no-such-run does not exist" in letter.reason for letter in letters)
     history = [e.event.type for e in cluster.client.history("fragile-2", timeout=10)]
     assert history.count("run_completed") == 1
+
+
+def test_a_command_parked_past_its_time_to_live_is_dead_lettered_and_leaves_the_inbox(
+    cluster: Cluster,
+) -> None:
+    """Item 8: a signal for a run that never starts is not kept for ever. It outlives a restart
+    (the next owner restores it with the time it was parked) and is dead-lettered once past
+    ``FLOWSTREAM_PARKED_TTL_MS``, with the reason; a fresh start of that run never sees it."""
+    ttl = {"FLOWSTREAM_PARKED_TTL_MS": "4000"}
+    cluster.start("w1", extra_env=ttl)
+    client = cluster.client
+    sent = time.monotonic()
+    client.signal("never-started", "sig-1", "go", {"late": True})
+    client.flush()
+    wait_until(lambda: client.parked("never-started", timeout=10), 60, "never parked")
+    cluster.workers.pop("w1").stop()
+    cluster.start("w2", extra_env=ttl)  # a new state directory: restored from the topic
+    [letter] = dead_letters(cluster, 1, timeout=60)
+    assert time.monotonic() - sent >= 4
+    assert letter.source_topic == f"{cluster.prefix}.cmd.signal"
+    assert letter.key == b"never-started" and codec.decode_command(letter.value or b"").run_id
+    assert "parked for" in letter.reason and "run does not exist yet" in letter.reason, letter
+    wait_until(lambda: not client.parked("never-started", timeout=10), 30, "still parked")
+    client.start("never-started", THREE_STEPS, {})
+    client.flush()
+    done = client.wait("never-started", timeout=60)
+    assert done.status.value == "completed" and done.output["go"] is None  # type: ignore[index]
