@@ -218,6 +218,30 @@ def test_a_child_batch_is_validated_whole_before_anything_is_appended(
     assert store.state("r1").children == {}
 
 
+def test_a_child_batch_is_requested_in_order_and_resolved_in_request_order(
+    store: EventStore, clock: FakeClock
+) -> None:
+    """§3.1 StartChildWorkflows: append all missing requests in order (before any child runs);
+    advance siblings; resolve in request order."""
+    ids = ["c3", "c1", "c2"]
+
+    def parent(ctx: WorkflowContext) -> RuntimeCommand:
+        if all(ctx.child_workflow_outcome(i) for i in ids):
+            return ctx.complete()
+        return ctx.start_child_workflows([ctx.child_workflow(i, CHILD, i) for i in ids])
+
+    engine, _ = engine_for(
+        store, clock, {"semantics": parent, "child": lambda ctx: ctx.complete(ctx.input)}
+    )
+    run(engine.start("r1", SPEC))
+    history = store.read("r1")
+    requests = [e for e in history if e.event.type == "child_workflow_requested"]
+    resolved = [e.event.child_id for e in history if e.event.type == "child_workflow_resolved"]
+    assert [e.event.child_id for e in requests] == resolved == ids
+    first = requests[0].sequence
+    assert [e.sequence for e in requests] == [first, first + 1, first + 2]  # one atomic batch
+
+
 # -- steps ---------------------------------------------------------------------------------------
 
 
@@ -329,6 +353,24 @@ def test_create_hook_claims_its_token_atomically(store: EventStore, clock: FakeC
     assert "shared-token" not in str(caught.value)
     assert (caught.value.owner_run_id, caught.value.owner_hook_id) == ("r1", "h")
     assert "hook_created" not in types_of(store, "r2")
+
+
+def test_a_token_is_free_again_once_its_hook_is_not_active(
+    store: EventStore, clock: FakeClock
+) -> None:
+    """§3.1 CreateHook / §10: tokens are unique among active hooks of non-terminal runs; once
+    the hook was received, the token may be claimed again."""
+
+    def workflow(ctx: WorkflowContext) -> RuntimeCommand:
+        if ctx.hook_received("h"):
+            return ctx.complete(ctx.hook_payload("h"))
+        return ctx.create_hook("h", "reused-token")
+
+    engine, _ = engine_for(store, clock, workflow)
+    run(engine.start("r1", SPEC))
+    run(engine.resume_hook("r1", "h", 1))
+    run(engine.start("r2", SPEC))
+    assert run(engine.resume_hook_by_token("reused-token", 2)).run_id == "r2"
 
 
 def test_create_hook_must_match_the_durable_token_and_metadata(store: EventStore) -> None:
@@ -473,6 +515,33 @@ def test_context_reports_steps_children_and_cancellation(store: EventStore) -> N
     assert (ctx.child_workflow_run_id("c"), ctx.child_workflow_outcome("c")) == ("c-run", None)
     request = ctx.cancellation_request()
     assert request is not None and request.reason == "bye"
+
+
+def test_context_reports_signals_hooks_and_waits(store: EventStore) -> None:
+    """§3.2: signal_payload(wait_id), hook_payload(id), hook_disposed(id), wait_completed(id)."""
+    from flowstream.model.events import HookDisposed, SignalReceived, SignalWaitCompleted
+
+    begin(
+        store,
+        SignalWaitCreated(wait_id="sw", signal_name="go"),
+        SignalReceived(signal_id="s1", name="go", payload={"yes": True}),
+        SignalWaitCompleted(wait_id="sw", signal_id="s1"),
+        HookCreated(hook_id="h", token_digest=token_digest("t1")),
+        HookReceived(hook_id="h", payload=[1]),
+        HookCreated(hook_id="gone", token_digest=token_digest("t2")),
+        HookDisposed(hook_id="gone"),
+        WaitCreated(wait_id="w", resume_at=LATER),
+        WaitCompleted(wait_id="w"),
+    )
+    ctx = WorkflowContext(store.state("r1"))
+    assert (ctx.signal_received("sw"), ctx.signal_payload("sw")) == (True, {"yes": True})
+    assert (ctx.hook_received("h"), ctx.hook_payload("h"), ctx.hook_disposed("h")) == (
+        True,
+        [1],
+        False,
+    )
+    assert (ctx.hook_disposed("gone"), ctx.hook_received("gone")) == (True, False)
+    assert (ctx.wait_completed("w"), ctx.wait_completed("nope")) == (True, False)
 
 
 # -- §3.3 the invocations ------------------------------------------------------------------------

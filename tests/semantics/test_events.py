@@ -21,6 +21,7 @@ from flowstream.model.events import (
     HookCreated,
     RunCancellationRequested,
     RunCompleted,
+    RunContinuedAsNew,
     RunCreated,
     RunProgressRecorded,
     RunRetryExhausted,
@@ -216,6 +217,28 @@ def test_retry_exhausted_is_refused_for_a_continue_workflow_step(store: EventSto
     _running(store, retry=NONE.continue_workflow_on_failure())
     append(store, "r1", StepFailed(step_id="s", attempt=1, error="boom"))
     _refused(store, RunRetryExhausted(step_id="s", attempt=1, error="boom"))
+
+
+def test_a_continuation_needs_a_running_run_with_nothing_open(store: EventStore) -> None:
+    """§2.10 / §5.4: run_continued_as_new not from Running, or with an open child, an open
+    signal wait or an unconsumed signal, is rejected."""
+    link = RunContinuedAsNew(successor_run_id="next")
+    begin(store, RunCancellationRequested(), run_id="cancelling")
+    _refused(store, link, run_id="cancelling")
+    begin(
+        store,
+        ChildWorkflowRequested(child_id="c", child_run_id="c1", spec=spec("child")),
+        run_id="child",
+    )
+    _refused(store, link, run_id="child")
+    begin(store, SignalWaitCreated(wait_id="w", signal_name="go"), run_id="waiting")
+    _refused(store, link, run_id="waiting")
+    begin(store, SignalReceived(signal_id="s", name="go"), run_id="unconsumed")
+    _refused(store, link, run_id="unconsumed")
+    begin(store, link)
+    assert store.state("r1").outcome == TerminalOutcome(
+        type="continued_as_new", successor_run_id="next"
+    )
 
 
 def test_progress_needs_completed_within_a_positive_total(store: EventStore) -> None:
