@@ -454,6 +454,32 @@ def test_a_lost_successor_is_repaired_from_the_durable_link(
     assert isinstance(created, RunCreated) and created.spec == SPEC
 
 
+@pytest.mark.parametrize("entry", ["drive", "start", "signal", "cancel"])
+def test_every_entry_point_repairs_a_lost_successor(
+    store: EventStore, clock: FakeClock, entry: str
+) -> None:
+    """§8.3: the missing successor is repaired from the link by drive, by signal redelivery, by
+    cancellation and by start retries."""
+    begin(store, RunContinuedAsNew(successor_run_id="next", input=5))
+
+    def workflow(ctx: WorkflowContext) -> RuntimeCommand:
+        if ctx.cancellation_request() is not None:
+            return ctx.cancel()
+        return ctx.wait_until("w", LATER)
+
+    engine, _ = engine_for(store, clock, workflow)
+    if entry == "drive":
+        run(engine.drive("r1"))
+    elif entry == "start":
+        run(engine.start("r1", SPEC))
+    elif entry == "signal":
+        run(engine.send_signal("r1", "s1", "go"))
+    else:
+        run(engine.request_cancellation("r1"))
+    created = store.read("next")[0].event
+    assert isinstance(created, RunCreated) and (created.spec, created.input) == (SPEC, 5)
+
+
 def test_signals_and_cancellation_follow_the_leaf_timers_are_segment_addressed(
     store: EventStore, clock: FakeClock
 ) -> None:

@@ -16,6 +16,7 @@ from flowstream.errors import (
     UnknownOutcomeError,
 )
 from flowstream.model.commands import RuntimeCommand
+from flowstream.model.events import StepCreated, StepRetrying, StepStarted
 from flowstream.model.snapshot import RunStatus, StepStatus
 from flowstream.model.spec import Backoff, ExhaustedAction, RetryPolicy
 from flowstream.replay.context import StepInvocation, WorkflowContext
@@ -24,6 +25,7 @@ from flowstream.stores.base import EventStore
 from tests.engine.test_steps import failing
 from tests.semantics.helpers import SPEC, begin, engine_for, types_of
 from tests.support import EPOCH, Crash, FakeClock, events_of, run
+from tests.support.stores import StoreFactory
 
 NONE = RetryPolicy.none()
 
@@ -236,6 +238,46 @@ def test_a_running_step_is_redelivered_as_the_same_attempt(
     assert (again.attempt, again.idempotency_key) == (first.attempt, first.idempotency_key)
 
 
+def test_a_committed_step_is_never_invoked_again(stores: StoreFactory, clock: FakeClock) -> None:
+    """Seeds "Physical step delivery": Flow prevents a committed successful step from being
+    invoked again during replay, also after a crash right after StepCompleted."""
+    store = stores.open(clock=clock)
+    crash = {"on": True}
+
+    def workflow(ctx: WorkflowContext) -> RuntimeCommand:
+        if ctx.step_completed("s"):
+            if crash["on"]:
+                raise Crash  # the process dies before the next decision is appended
+            return ctx.complete(ctx.step_output("s"))
+        return ctx.schedule_step("s", "work")
+
+    engine, runtime = engine_for(store, clock, workflow, {"work": lambda inv: "once"})
+    with pytest.raises(Crash):
+        run(engine.start("r1", SPEC))
+    crash["on"] = False
+    if stores.durable:
+        store = stores.reopen(store, clock=clock)
+    engine, again = engine_for(store, clock, workflow, {"work": lambda inv: "twice"})
+    assert run(engine.drive("r1")).output == "once"
+    assert (len(runtime.step_calls), len(again.step_calls)) == (1, 0)
+
+
+def test_a_pending_step_with_a_future_retry_is_skipped(store: EventStore) -> None:
+    """§6.2: a pending step whose retry_after > now is skipped (the run suspends)."""
+    later = EPOCH + timedelta(minutes=1)
+    begin(
+        store,
+        StepCreated(step_id="s", step_name="work", retry=RetryPolicy.fixed(3, 60_000)),
+        StepStarted(step_id="s", attempt=1),
+        StepRetrying(step_id="s", attempt=1, error="e", retry_after=later),
+    )
+    command = RuntimeCommand.schedule_step("s", "work", None, RetryPolicy.fixed(3, 60_000))
+    early = decide(store.state("r1"), command, later - timedelta(seconds=1))
+    assert (early.events, early.run_steps, early.suspend) == ([], [], True)
+    due = decide(store.state("r1"), command, later)
+    assert due.run_steps == ["s"] and due.events == [StepStarted(step_id="s", attempt=2)]
+
+
 # -- §6.3 concurrent batches ---------------------------------------------------------------------
 
 
@@ -294,6 +336,30 @@ def test_a_fast_sibling_completes_durably_while_another_still_runs(
 
     engine, _ = engine_for(store, clock, _batch(["fast", "slow"]), {"fast": fast, "slow": slow})
     assert run(engine.start("r1", SPEC)).output == ["fast", "slow"]
+
+
+def test_a_crashed_batch_reruns_only_its_unsettled_siblings_with_their_attempts(
+    store: EventStore, clock: FakeClock
+) -> None:
+    """§6.3.2: for each sibling: skip terminal; Running → reuse the attempt (no new
+    StepStarted)."""
+    crash = {"on": True}
+
+    def slow(invocation: StepInvocation) -> object:
+        if crash["on"]:
+            raise Crash
+        return "slow"
+
+    handlers = {"fast": lambda inv: "fast", "slow": slow}
+    engine, _ = engine_for(store, clock, _batch(["fast", "slow"]), handlers)
+    begin(store)  # started, so the crash below happens inside the batch
+    with pytest.raises(Crash):
+        run(engine.drive("r1"))
+    crash["on"] = False
+    engine, runtime = engine_for(store, clock, _batch(["fast", "slow"]), handlers)
+    assert run(engine.drive("r1")).output == ["fast", "slow"]
+    assert [(c.step_id, c.attempt) for c in runtime.step_calls] == [("slow", 1)]
+    assert types_of(store).count("step_started") == 2
 
 
 def test_a_due_sibling_is_not_blocked_by_a_future_one(store: EventStore, clock: FakeClock) -> None:

@@ -26,6 +26,7 @@ from flowstream.replay.state import Wakeup
 from flowstream.stores.base import EventStore
 from tests.semantics.helpers import DELAYED, LATER, SPEC, append, begin, engine_for, types_of
 from tests.support import EPOCH, FakeClock, run, spec
+from tests.support.stores import StoreFactory
 
 
 def napper(ctx: WorkflowContext) -> RuntimeCommand:
@@ -177,6 +178,24 @@ def test_the_scan_leaves_a_run_it_cannot_serve_and_resumes_the_others(
     tick = run(engine.resume_due(LATER))
     assert tick.resumed == ["r1"] and set(tick.failed) == {"pinned"}
     assert store.read("pinned") == before
+
+
+def test_a_suspended_run_needs_no_process_to_stay_alive(
+    stores: StoreFactory, clock: FakeClock
+) -> None:
+    """Seeds "Suspension does not hold a worker": the process may disappear while a run waits;
+    a new one, from the store alone, resumes it when the timer is due."""
+    if not stores.durable:
+        pytest.skip("a process restart needs a durable store")
+    store = stores.open(clock=clock)
+    engine, _ = engine_for(store, clock, napper)
+    run(engine.start("r1", SPEC))
+    store = stores.reopen(store, clock=clock)
+    engine, _ = engine_for(store, clock, napper)
+    assert engine.next_wakeup() == Wakeup(LATER, "r1", "wait", "w")
+    clock.set(LATER)
+    assert run(engine.resume_due()).resumed == ["r1"]
+    assert engine.snapshot("r1").output == "woke"
 
 
 # -- signals -------------------------------------------------------------------------------------
