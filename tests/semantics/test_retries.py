@@ -345,12 +345,17 @@ def test_a_crashed_batch_reruns_only_its_unsettled_siblings_with_their_attempts(
     StepStarted)."""
     crash = {"on": True}
 
-    def slow(invocation: StepInvocation) -> object:
-        if crash["on"]:
-            raise Crash
+    async def fast(invocation: StepInvocation) -> object:
+        return "fast"
+
+    async def slow(invocation: StepInvocation) -> object:
+        while crash["on"]:  # the process dies once fast's outcome is committed
+            if store.state("r1").steps["fast"].status is StepStatus.COMPLETED:
+                raise Crash
+            await asyncio.sleep(0.005)
         return "slow"
 
-    handlers = {"fast": lambda inv: "fast", "slow": slow}
+    handlers = {"fast": fast, "slow": slow}
     engine, _ = engine_for(store, clock, _batch(["fast", "slow"]), handlers)
     begin(store)  # started, so the crash below happens inside the batch
     with pytest.raises(Crash):
