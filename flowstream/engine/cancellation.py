@@ -65,12 +65,7 @@ class Cancellation(ReplayCycle):
                 child = state.children[child_id]
                 if child.cancellation_policy is ChildCancellationPolicy.ABANDON:
                     continue
-                if self.store.exists(child.run_id):
-                    child_leaf = await self._force_cancel(child.run_id, reason, notify_parent=False)
-                    outcome = child_leaf.outcome
-                else:  # the child's creation was lost: it never ran, so it ends here too
-                    outcome = TerminalOutcome(type="cancelled", error=reason)
-                assert outcome is not None
+                outcome = await self._force_cancel_child(child.run_id, reason)
                 events.append(ChildWorkflowResolved(child_id=child_id, outcome=outcome))
             events.append(RunCancelled(reason=reason))
             try:
@@ -81,3 +76,11 @@ class Cancellation(ReplayCycle):
             await self._after_terminal(final, None, notify_parent=notify_parent)
             await self.store.wait_durable()
             return final
+
+    async def _force_cancel_child(self, run_id: str, reason: str | None) -> TerminalOutcome:
+        """End a child's chain for its parent's forced cancellation; the outcome to record."""
+        if not self.store.exists(run_id):  # its creation was lost: it never ran, so it ends here
+            return TerminalOutcome(type="cancelled", error=reason)
+        leaf = await self._force_cancel(run_id, reason, notify_parent=False)
+        assert leaf.outcome is not None
+        return leaf.outcome

@@ -7,6 +7,8 @@ It differs from ``FlowEngine`` only where a run touches the world outside its pa
 * child runs and continuation successors may live on other partitions, so they are started by
   producing ``StartRun`` messages, and a finished child reports to its parent with
   ``ResolveChild``; nothing here reads or writes another partition's state;
+* so a signal or cancellation for a run that continued as new is forwarded to its successor,
+  and a forced cancellation reaches a child elsewhere by a forced ``CancelRun``;
 * several runtime builds may be served at once, one ``FlowRuntime`` per build id.
 """
 
@@ -19,8 +21,15 @@ from flowstream.engine import FlowEngine
 from flowstream.engine.continuation import reported_child, successor_link
 from flowstream.errors import CorruptHistoryError, RuntimeBuildUnavailableError
 from flowstream.model.base import JSON
-from flowstream.model.events import ChildCancellationPolicy, ParentLink
-from flowstream.model.messages import CancelRun, CommandMessage, ResolveChild, StartRun
+from flowstream.model.events import ChildCancellationPolicy, ParentLink, TerminalOutcome
+from flowstream.model.messages import (
+    CancelRun,
+    CommandMessage,
+    ResolveChild,
+    SendSignal,
+    StartRun,
+)
+from flowstream.model.snapshot import WorkflowRunSnapshot
 from flowstream.model.spec import WorkflowSpec
 from flowstream.replay.decide import derived_run_id
 from flowstream.replay.state import RunState
@@ -121,6 +130,66 @@ class PartitionEngine(FlowEngine):
                 depth=state.depth,
             )
         )
+
+    # -- a command for a run that continued as new goes on to its successor ---------------------
+
+    def _successor_for_commands(self, run_id: str) -> str | None:
+        """The successor that commands addressed to ``run_id`` go on to, if it continued as new.
+
+        The successor may live on another partition, so the command is forwarded, not applied
+        here. Only a link whose successor id was derived from this run and the link's sequence
+        is followed: no chain of such links leads back into itself, so a forwarded command never
+        comes around again.
+        """
+        if not self.store.exists(run_id):
+            return None
+        state = self.store.state(run_id)
+        if state.outcome is None or state.outcome.successor_run_id is None:
+            return None
+        successor = state.outcome.successor_run_id
+        link = state.history[-1]
+        if successor != derived_run_id(run_id, "continue", str(link.sequence - 1)):
+            raise CorruptHistoryError(
+                f"run {run_id} continued into {successor}, an id the engine did not derive from "
+                "its link, so commands are not forwarded along the chain",
+                run_id=run_id,
+            )
+        return successor
+
+    async def send_signal(
+        self, run_id: str, signal_id: str, name: str, payload: JSON = None
+    ) -> WorkflowRunSnapshot:
+        successor = self._successor_for_commands(run_id)
+        if successor is None:
+            return await super().send_signal(run_id, signal_id, name, payload)
+        self._emit(SendSignal(run_id=successor, signal_id=signal_id, name=name, payload=payload))
+        return self.snapshot(run_id)
+
+    async def request_cancellation(
+        self, run_id: str, reason: str | None = None
+    ) -> WorkflowRunSnapshot:
+        successor = self._successor_for_commands(run_id)
+        if successor is None:
+            return await super().request_cancellation(run_id, reason)
+        self._emit(CancelRun(run_id=successor, reason=reason))
+        return self.snapshot(run_id)
+
+    async def force_cancel(self, run_id: str, reason: str | None = None) -> WorkflowRunSnapshot:
+        successor = self._successor_for_commands(run_id)
+        if successor is None:
+            return await super().force_cancel(run_id, reason)
+        self._emit(CancelRun(run_id=successor, reason=reason, force=True))
+        return self.snapshot(run_id)
+
+    async def _force_cancel_child(self, run_id: str, reason: str | None) -> TerminalOutcome:
+        """A child here that has not continued is cancelled at once; one on another partition,
+        or one that continued into a successor, is sent a forced cancel, and the parent records
+        it cancelled without waiting for it."""
+        target = self._successor_for_commands(run_id)
+        if target is None and self.store.exists(run_id):
+            return await super()._force_cancel_child(run_id, reason)
+        self._emit(CancelRun(run_id=target or run_id, reason=reason, force=True))
+        return TerminalOutcome(type="cancelled", error=reason)
 
     async def _reconcile_children(self, state: RunState, now: datetime | None) -> bool:
         """Ask for every open child's run (idempotent by run id) and pass cancellation on."""

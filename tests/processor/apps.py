@@ -55,6 +55,8 @@ class ThreeSteps:
             kid: dict[str, JSON] = {"parent": invocation.run_id}
             if options.get("child_hops"):  # the child continues as new that many times
                 kid["continue_hops"] = options["child_hops"]
+            if options.get("child_timer_ms"):  # then waits that long
+                kid["timer_ms"] = options["child_timer_ms"]
             return ctx.start_child_workflow("kid", SPEC, kid)
         hops = int(options.get("continue_hops", 0))
         if hops:

@@ -1,8 +1,9 @@
 """A processor's continuation chains without a broker (issue 16 item 5): ``PartitionEngine`` over
-a memory store, with the ``StartRun`` commands it emits fed back by hand as the processor would.
+a memory store, with the commands it emits fed back by hand as the processor would.
 Successors carry their hop, a workflow that always continues stops at the hop limit, a start
-that would lead a chain back into itself is refused instead of cycling through ``cmd.start``, and
-the last run of a child's chain resolves the child."""
+that would lead a chain back into itself is refused instead of cycling through ``cmd.start``, the
+last run of a child's chain resolves the child, and commands for a continued run, or for a child
+elsewhere that a forced cancel must end, go on by command."""
 
 from __future__ import annotations
 
@@ -10,8 +11,14 @@ import pytest
 
 from flowstream.errors import CorruptHistoryError, LimitExceededError
 from flowstream.model.commands import RuntimeCommand
-from flowstream.model.events import ParentLink, RunContinuedAsNew, RunCreated, RunStarted
-from flowstream.model.messages import CommandMessage, ResolveChild, StartRun
+from flowstream.model.events import (
+    ChildWorkflowRequested,
+    ParentLink,
+    RunContinuedAsNew,
+    RunCreated,
+    RunStarted,
+)
+from flowstream.model.messages import CancelRun, CommandMessage, ResolveChild, SendSignal, StartRun
 from flowstream.processor.engine import PartitionEngine
 from flowstream.replay.context import WorkflowContext
 from flowstream.replay.decide import derived_run_id
@@ -136,3 +143,74 @@ def test_the_last_run_of_a_child_chain_resolves_the_child() -> None:
         child_run,
     )
     assert resolve.outcome.type == "completed" and resolve.outcome.output == "done"
+
+
+def continued_root(store: MemoryEventStore) -> str:
+    """``root`` continued as new into the successor the engine derived; the successor's id."""
+    successor = derived_run_id("root", "continue", "2")
+    store.append_if_sequence(
+        "root",
+        0,
+        [
+            RunCreated(spec=SPEC, input=0),
+            RunStarted(),
+            RunContinuedAsNew(successor_run_id=successor, input=1),
+        ],
+    )
+    return successor
+
+
+def test_signals_and_cancellations_for_a_continued_run_go_on_to_its_successor() -> None:
+    store = MemoryEventStore()
+    successor = continued_root(store)
+    sent: list[CommandMessage] = []
+    engine = partition(store, sent)
+    run(engine.send_signal("root", "s1", "go", 7))
+    run(engine.request_cancellation("root", "stop"))
+    run(engine.force_cancel("root", "now"))
+    assert sent == [
+        SendSignal(run_id=successor, signal_id="s1", name="go", payload=7),
+        CancelRun(run_id=successor, reason="stop"),
+        CancelRun(run_id=successor, reason="now", force=True),
+    ]
+    assert len(store.read("root")) == 3
+
+
+def test_commands_are_not_forwarded_along_a_link_the_engine_did_not_derive() -> None:
+    store = MemoryEventStore()
+    store.append_if_sequence(
+        "root",
+        0,
+        [RunCreated(spec=SPEC), RunStarted(), RunContinuedAsNew(successor_run_id="root")],
+    )
+    sent: list[CommandMessage] = []
+    with pytest.raises(CorruptHistoryError) as caught:
+        run(partition(store, sent).request_cancellation("root", "stop"))
+    assert "not forwarded" in str(caught.value) and not sent
+
+
+def test_a_forced_cancel_reaches_children_elsewhere_and_through_their_chain() -> None:
+    store = MemoryEventStore()
+    successor = continued_root(store)  # a child here that continued as new
+    elsewhere = derived_run_id("p1", "child", "remote")
+    store.append_if_sequence(
+        "p1",
+        0,
+        [
+            RunCreated(spec=SPEC),
+            RunStarted(),
+            ChildWorkflowRequested(child_id="remote", child_run_id=elsewhere, spec=SPEC),
+            ChildWorkflowRequested(child_id="here", child_run_id="root", spec=SPEC, input=0),
+        ],
+    )
+    sent: list[CommandMessage] = []
+    snapshot = run(partition(store, sent).force_cancel("p1", "now"))
+    assert snapshot.status.value == "cancelled"
+    assert [CancelRun(run_id=r, reason="now", force=True) for r in (elsewhere, successor)] == [
+        m for m in sent if isinstance(m, CancelRun)
+    ]
+    outcomes = {c.child_id: c.outcome for c in snapshot.children.values()}
+    assert {k: o.type for k, o in outcomes.items() if o is not None} == {
+        "remote": "cancelled",
+        "here": "cancelled",
+    }

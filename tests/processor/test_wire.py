@@ -14,7 +14,9 @@ from confluent_kafka import Consumer, TopicPartition
 
 from flowstream import wire
 from flowstream.client import FlowClient
+from flowstream.errors import RunNotFoundError
 from flowstream.partitioning import partition_for
+from flowstream.replay.decide import derived_run_id
 from flowstream.settings import Settings
 from tests.codec.test_independent_reader import read_value
 from tests.processor.apps import SPEC
@@ -80,6 +82,33 @@ def test_a_child_on_another_partition_reports_to_its_parent(
         != partition_for(r.run_id, client.partitions)
     ]
     assert crossing, "no child landed on another partition; the test proves nothing"
+
+
+def test_a_forced_cancel_ends_the_last_run_of_a_child_that_continued_as_new(
+    deployment: tuple[FlowClient, Worker, int],
+) -> None:
+    client, worker, _ = deployment
+    client.start("impatient", SPEC, {"child": True, "child_hops": 1, "child_timer_ms": 600_000})
+    client.flush()
+    root = client.wait(derived_run_id("impatient", "child", "kid"), timeout=60)
+    assert root.outcome is not None and root.outcome.successor_run_id is not None
+    leaf_id = root.outcome.successor_run_id
+    deadline = time.monotonic() + 60
+    while True:  # the leaf exists and waits on its timer
+        try:
+            if client.snapshot(leaf_id).status.value == "suspended":
+                break
+        except RunNotFoundError:
+            pass
+        assert time.monotonic() < deadline, worker.output()[-2000:]
+        time.sleep(0.2)
+    client.cancel("impatient", "now", force=True)
+    client.flush()
+    parent = client.wait("impatient", timeout=60)
+    assert parent.status.value == "cancelled", worker.output()[-2000:]
+    kid = parent.children["kid"].outcome
+    assert kid is not None and kid.type == "cancelled"
+    assert client.wait(leaf_id, timeout=60).status.value == "cancelled", worker.output()[-2000:]
 
 
 def test_continue_as_new_starts_the_successor_with_the_same_spec(
