@@ -79,7 +79,7 @@ class EventConflictError(FlowError):
 
 
 class NonDeterministicError(FlowError):
-    """A durable identity reappeared with other parameters; nothing was appended."""
+    """A durable identity reappeared with other parameters; the decision was not appended."""
 
     def __init__(self, run_id: str, reason: str) -> None:
         super().__init__(f"nondeterministic replay of run {run_id}: {reason}", run_id=run_id)

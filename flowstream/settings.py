@@ -57,6 +57,13 @@ class Settings(FrozenModel):
     max_poll_interval_ms: int = Field(default=60_000, ge=1000)
     #: A fired timer not applied within this many ms is fired again.
     timer_refire_ms: int = Field(default=30_000, ge=100)
+    #: A failed workflow task is retried after this many ms, doubling up to the maximum.
+    task_retry_initial_ms: int = Field(default=1_000, ge=1)
+    task_retry_max_interval_ms: int = Field(default=300_000, ge=1)
+    #: The consecutive workflow-task failure that is no longer retried by itself.
+    task_retry_max_automatic: int = Field(default=10, ge=1)
+    #: The consecutive workflow-task failure that fails the run (unset: none does).
+    task_fail_after: int | None = Field(default=None, ge=1)
     max_message_bytes: int = Field(default=1024 * 1024, ge=1024)
     #: A command parked this long (a signal for a run that never started, a start whose build
     #: no processor serves) is dead-lettered with the reason. Seven days: as long as the

@@ -179,7 +179,7 @@ def _status(args: argparse.Namespace) -> int:
 
 def _drive(args: argparse.Namespace) -> int:
     async def work(engine: FlowEngine) -> None:
-        snapshot = await engine.drive(args.run_id)
+        snapshot = await engine.drive(args.run_id, retry_task=True)  # an operator retry
         print(f"{snapshot.run_id}: {engine.condition(snapshot.run_id).describe()}")
 
     return _run(args, work)

@@ -5,6 +5,13 @@ One cycle: state (projected, cached) → engine repairs (start, failure settleme
 expected sequence → run the decided steps → repeat. A lost ``append_if_sequence`` race re-reads
 and replays; it never surfaces from ``drive``.
 
+Workflow code that raises, returns something that is not a command, or returns one its history
+refuses (``NonDeterministicError`` and the other refusals of ``decide``) does not surface from
+``drive`` either: the cycle appends ``workflow_task_failed`` at the expected sequence and the run
+is suspended on the task's retry (``replay.task_failures``), which a due wakeup, new input or an
+operator retry (``drive(..., retry_task=True)``) brings. What is not the workflow's fault (a
+build this host does not serve, the engine's own limits, a store error) still raises.
+
 The cycle touches the world outside the run only through the abstract hooks declared here
 (continuation successors, children, steps). The engine's other parts implement them for an
 embedded host, and the Kafka processor's ``PartitionEngine`` overrides them for a partition.
@@ -15,27 +22,45 @@ from __future__ import annotations
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from flowstream.engine.builds import RuntimeBuilds
 from flowstream.errors import (
     EventConflictError,
-    InvalidTransitionError,
+    FlowError,
     LimitExceededError,
     RuntimeBuildUnavailableError,
 )
 from flowstream.model.commands import RuntimeCommand
-from flowstream.model.events import FlowEvent
+from flowstream.model.events import FlowEvent, RunStarted
 from flowstream.model.snapshot import WorkflowRunSnapshot
 from flowstream.model.spec import WorkflowSpec
 from flowstream.replay.context import HistoryView, WorkflowInvocation
-from flowstream.replay.decide import decide, engine_repair, is_suspended
+from flowstream.replay.decide import Decision, decide, engine_repair, is_suspended
 from flowstream.replay.state import RunState
+from flowstream.replay.task_failures import TaskRetryPolicy, task_failed_events
 from flowstream.runtime import FlowRuntime, check_served
 from flowstream.stores.base import Clock, EventStore, utc_now
 
 __all__ = ["ReplayCycle", "maybe_await"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """Why workflow code could not decide: the exception's class name and its text."""
+
+    error_type: str
+    message: str
+
+    @classmethod
+    def of(cls, exc: Exception) -> _Failed:
+        try:
+            text = str(exc)
+        except Exception:  # an exception whose text itself raises
+            text = "<the exception's text could not be read>"
+        return cls(type(exc).__name__, text)
 
 
 async def maybe_await(value: Any) -> Any:
@@ -60,6 +85,8 @@ class ReplayCycle(ABC):
         max_continuations: int = 1_000,
         on_conflict: Callable[[], None] | None = None,
         eager_steps: bool = False,
+        task_retry: TaskRetryPolicy | None = None,
+        on_task_failure: Callable[[str, str, str], None] | None = None,
     ) -> None:
         if max_replay_iterations < 1:
             raise ValueError("max_replay_iterations must be at least 1")
@@ -79,14 +106,35 @@ class ReplayCycle(ABC):
         #: state a call returns still is). A crash can then lose the record of an attempt whose
         #: handler ran: the step runs again with the same attempt and idempotency key.
         self.eager_steps = eager_steps
+        #: How a failed workflow task is retried (``workflow_task_failed`` records).
+        self.task_retry = task_retry or TaskRetryPolicy()
+        #: Called with (run id, error type, message) for every recorded task failure; for
+        #: metrics and logs.
+        self.on_task_failure = on_task_failure
+        self._retry_now: set[str] = set()  # runs an operator retry is driving
 
-    async def drive(self, run_id: str, *, now: datetime | None = None) -> WorkflowRunSnapshot:
-        """Replay ``run_id`` until it suspends or ends; returns the active run of its chain."""
-        return (await self.advance(run_id, now=now)).snapshot()
+    async def drive(
+        self, run_id: str, *, now: datetime | None = None, retry_task: bool = False
+    ) -> WorkflowRunSnapshot:
+        """Replay ``run_id`` until it suspends or ends; returns the active run of its chain.
 
-    async def advance(self, run_id: str, *, now: datetime | None = None) -> RunState:
+        ``retry_task``: an operator retry. A run whose workflow task failed is asked for a
+        decision at once, even when its next automatic retry is not due (or there is none).
+        """
+        return (await self.advance(run_id, now=now, retry_task=retry_task)).snapshot()
+
+    async def advance(
+        self, run_id: str, *, now: datetime | None = None, retry_task: bool = False
+    ) -> RunState:
         """``drive`` for hosts that need no snapshot: the state of the chain's active run."""
-        state = await self._drive_chain(run_id, now, notify_parent=True)
+        leaf = (await self._leaf(run_id)).run_id if retry_task else None
+        if leaf is not None:
+            self._retry_now.add(leaf)
+        try:
+            state = await self._drive_chain(run_id, now, notify_parent=True)
+        finally:
+            if leaf is not None:
+                self._retry_now.discard(leaf)
         await self.store.wait_durable()
         return state
 
@@ -108,39 +156,48 @@ class ReplayCycle(ABC):
     async def _drive_one(
         self, run_id: str, now: datetime | None, *, notify_parent: bool
     ) -> RunState:
-        for _ in range(self._max_iterations):
+        # One look more than the limit allows iterations: a run that the last allowed one ended
+        # or suspended is returned, not reported as over the limit. Starting a run is free.
+        spent, free = 0, False
+        while True:
+            spent, free = (spent if free else spent + 1), False
             state = self.store.state(run_id)
             if state.is_terminal:
                 await self._after_terminal(state, now, notify_parent=notify_parent)
                 return self.store.state(run_id)
             self._admit(run_id, state.spec)
             moment = max(self._clock(), now) if now is not None else self._clock()
+            retry_task = run_id in self._retry_now
             try:
                 repairs = engine_repair(state)
+                if spent > self._max_iterations:
+                    if not repairs and is_suspended(state, moment, retry_task=retry_task):
+                        return state
+                    break
                 if repairs:
                     self.store.append_if_sequence(run_id, state.last_sequence, repairs)
+                    free = isinstance(repairs[0], RunStarted)
                     continue
                 if state.open_children and await self._reconcile_children(state, now):
                     continue
-                if is_suspended(state, moment):
+                if is_suspended(state, moment, retry_task=retry_task):
                     return state
                 expected = state.last_sequence
-                invocation = WorkflowInvocation(
-                    run_id, state.spec, state.input, HistoryView(state.history, expected), state
-                )
-                runtime = self._runtime_for(state.spec)
-                command = await maybe_await(runtime.run_workflow(invocation))
-                if not isinstance(command, RuntimeCommand):
-                    raise InvalidTransitionError(
-                        f"run_workflow returned {type(command).__name__}, not a RuntimeCommand",
-                        run_id=run_id,
-                    )
-                # Workflow code may have awaited: if another writer moved the run, the decision
-                # was made on a stale history, so replay from the top instead of appending it.
+                decided = await self._ask(state, moment)
+                if decided is None:
+                    continue  # another writer moved the run while its code ran: replay
                 state = self.store.state(run_id)
-                if state.last_sequence != expected:
-                    continue
-                decision = decide(state, command, moment)
+                if isinstance(decided, _Failed):
+                    events = task_failed_events(
+                        state, decided.error_type, decided.message, moment, self.task_retry
+                    )
+                    self.store.append_if_sequence(run_id, expected, events)
+                    if self.on_task_failure is not None:
+                        self.on_task_failure(run_id, decided.error_type, decided.message)
+                    if len(events) > 1:
+                        continue  # the policy failed the run: its end is handled above
+                    return self.store.state(run_id)
+                decision = decided
                 self._check_children(state, decision.events)
                 self._check_continuation(state, decision.events)
                 if decision.events:
@@ -161,6 +218,37 @@ class ReplayCycle(ABC):
             f"run {run_id} exceeded {self._max_iterations} replay iterations in one drive",
             run_id=run_id,
         )
+
+    async def _ask(self, state: RunState, moment: datetime) -> Decision | _Failed | None:
+        """Ask workflow code for ``state``'s next decision, or say why it could not decide.
+
+        ``None`` when the run moved while the code ran (it may have awaited): the decision was
+        made on a stale history, so the caller replays from the top instead of using it.
+        """
+        run_id, expected = state.run_id, state.last_sequence
+        invocation = WorkflowInvocation(
+            run_id, state.spec, state.input, HistoryView(state.history, expected), state
+        )
+        failed: _Failed | None = None
+        command: Any = None
+        try:
+            command = await maybe_await(self._runtime_for(state.spec).run_workflow(invocation))
+        except Exception as exc:  # workflow code raised: the task failed, not the engine
+            failed = _Failed.of(exc)
+        if failed is None and not isinstance(command, RuntimeCommand):
+            failed = _Failed(
+                "InvalidCommand",
+                f"run_workflow returned {type(command).__name__}, not a RuntimeCommand",
+            )
+        current = self.store.state(run_id)
+        if current.last_sequence != expected:
+            return None
+        if failed is not None:
+            return failed
+        try:
+            return decide(current, command, moment)
+        except FlowError as exc:  # nondeterministic, or a command the history refuses
+            return _Failed.of(exc)
 
     # -- the hooks: where a run touches successors, children and step handlers -----------------
 

@@ -79,7 +79,8 @@ class RunInputs(Liveness):
             return await self.drive(run_id, now=moment)
 
     async def resume_due(self, now: datetime | None = None) -> SchedulerTick:
-        """Resume exactly the runs with a timer or delayed retry due at ``now``."""
+        """Resume exactly the runs with a timer, a delayed step retry or a failed workflow
+        task's retry due at ``now``."""
         moment = now or self._clock()
         tick = SchedulerTick()
         by_run: dict[str, list[Wakeup]] = {}
@@ -90,7 +91,7 @@ class RunInputs(Liveness):
                 for wakeup in wakeups:
                     if wakeup.kind == "wait":
                         await self.resume_wait(run_id, wakeup.subject_id, now=moment)
-                if any(w.kind == "retry" for w in wakeups):
+                if any(w.kind in ("retry", "task") for w in wakeups):  # a step's or the task's
                     await self.drive(run_id, now=moment)
                 tick.resumed.append(run_id)
             except FlowError as exc:

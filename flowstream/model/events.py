@@ -52,6 +52,7 @@ __all__ = [
     "WaitCompleted",
     "WaitCreated",
     "WorkflowProgress",
+    "WorkflowTaskFailed",
 ]
 
 EVENT_SCHEMA_VERSION = 1
@@ -173,6 +174,21 @@ class RunProgressRecorded(_Event):
     KEY: ClassVar[str] = "flow.run.progress.recorded"
     type: Literal["run_progress_recorded"] = "run_progress_recorded"
     progress: WorkflowProgress
+
+
+class WorkflowTaskFailed(_Event):
+    """Workflow code could not decide: it raised, returned something that is not a command, or
+    decided against its own history. An engine record, not a decision: ``attempt`` counts the
+    consecutive failures since the run last moved, ``message`` is the exception's text only
+    (at most 500 characters), and ``retry_at`` is when the task is retried by itself (``None``:
+    not before new input or an operator retry)."""
+
+    KEY: ClassVar[str] = "flow.workflow.task.failed"
+    type: Literal["workflow_task_failed"] = "workflow_task_failed"
+    attempt: int = Field(ge=1)
+    error_type: str = Field(min_length=1, max_length=200)
+    message: str = Field(max_length=500)
+    retry_at: datetime | None = None
 
 
 # -- steps -----------------------------------------------------------------------------------
@@ -340,7 +356,8 @@ FlowEvent = Annotated[
     | HookReceived
     | HookDisposed
     | ChildWorkflowRequested
-    | ChildWorkflowResolved,
+    | ChildWorkflowResolved
+    | WorkflowTaskFailed,
     Field(discriminator="type"),
 ]
 

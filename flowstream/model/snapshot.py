@@ -29,6 +29,7 @@ __all__ = [
     "SignalWaitSnapshot",
     "StepSnapshot",
     "StepStatus",
+    "TaskFailureSnapshot",
     "WaitSnapshot",
     "WaitStatus",
     "WorkflowRunSnapshot",
@@ -132,6 +133,16 @@ class CancellationSnapshot(FrozenModel):
     sequence: int
 
 
+class TaskFailureSnapshot(FrozenModel):
+    """Why a running run is not moving: its workflow code failed ``attempt`` times in a row."""
+
+    attempt: int
+    error_type: str
+    message: str
+    #: When the task is retried by itself; ``None``: on new input or an operator retry only.
+    retry_at: datetime | None = None
+
+
 class WorkflowRunSnapshot(FrozenModel):
     run_id: str
     spec: WorkflowSpec
@@ -149,6 +160,8 @@ class WorkflowRunSnapshot(FrozenModel):
     output: JSON = None
     error: str | None = None
     outcome: TerminalOutcome | None = None
+    #: Set while the run's workflow task is failing (its status stays running).
+    task_failure: TaskFailureSnapshot | None = None
     last_sequence: int
     updated_at: datetime
 

@@ -28,12 +28,16 @@ class FailureBoundary:
     * a ``NonDeterministicError`` is counted and dead-lettered for the run;
     * another ``FlowError`` (a refusal the engine explains: an invalid transition, a conflict
       it could not resolve) is logged for the run;
-    * anything else is workflow or step-handler code raising (or the engine failing on its
-      output): counted, logged in one line (the traceback at debug level), dead-lettered for
-      the run, and the run is marked to be driven again by the partition's next owner, so a
-      fixed deployment moves it on;
+    * anything else is step-handler code raising, or the engine failing around user code:
+      counted, logged in one line (the traceback at debug level), dead-lettered for the run,
+      and the run is marked to be driven again by the partition's next owner, so a fixed
+      deployment moves it on;
     * a command that appended and then failed, whatever the error, marks its run the same way
       (``moved_then_failed``).
+
+    Workflow code that raises (or decides against its history) is not seen here: the engine
+    records it in the run's history (``workflow_task_failed``) and retries it, and reports it
+    through ``task_failed``.
     """
 
     def __init__(self, ctx: Context, dead_letters: DeadLetters) -> None:
@@ -72,6 +76,15 @@ class FailureBoundary:
         if moved:
             LOG.warning("run %s: its command failed after appending: marked to drive", run_id)
             task.store.mark_to_drive(run_id)
+
+    def task_failed(self, run_id: str, error_type: str, message: str) -> None:
+        """The engine recorded a ``workflow_task_failed`` for ``run_id``: count it and log it
+        in one line (the run's history holds the record and the retry is due by itself)."""
+        self.ctx.metrics.workflow_failures.inc()
+        if error_type == "NonDeterministicError":
+            self.ctx.metrics.nondeterminism.inc()
+        first = message.splitlines()[0] if message else ""
+        LOG.error("run %s: workflow task failed: %s", run_id, f"{error_type}: {first}"[:300])
 
     def failed(self, task: Any, run_id: str, exc: Exception, *, report: bool = True) -> None:
         """Record that ``run_id``'s code raised ``exc`` (``report``: dead-letter it for the run;

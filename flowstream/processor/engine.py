@@ -33,6 +33,7 @@ from flowstream.model.snapshot import WorkflowRunSnapshot
 from flowstream.model.spec import WorkflowSpec
 from flowstream.replay.decide import derived_run_id
 from flowstream.replay.state import RunState
+from flowstream.replay.task_failures import TaskRetryPolicy
 from flowstream.runtime import FlowRuntime, check_served
 from flowstream.stores.base import Clock, EventStore, utc_now
 
@@ -61,6 +62,8 @@ class PartitionEngine(FlowEngine):
         clock: Clock = utc_now,
         on_conflict: Callable[[], None] | None = None,
         max_continuations: int = 1_000,
+        task_retry: TaskRetryPolicy | None = None,
+        on_task_failure: Callable[[str, str, str], None] | None = None,
     ) -> None:
         if not runtimes:
             raise ValueError("a processor needs at least one runtime")
@@ -70,6 +73,8 @@ class PartitionEngine(FlowEngine):
             clock=clock,
             on_conflict=on_conflict,
             max_continuations=max_continuations,
+            task_retry=task_retry,
+            on_task_failure=on_task_failure,
         )
         self.runtimes = dict(runtimes)
         self._dispatch = dispatch

@@ -17,6 +17,7 @@ from flowstream.processor.fence import transactional_ids
 from flowstream.processor.tasks import PartitionTask
 from flowstream.processor.txn.errors import retrying
 from flowstream.processor.txn.slot import ProducerSlot
+from flowstream.replay.task_failures import TaskRetryPolicy
 from flowstream.stores.partition import PartitionStore
 from flowstream.topology import EVENTS
 
@@ -62,6 +63,13 @@ class PartitionHost:
             emit=ctx.emit,
             clock=ctx.clock,
             on_conflict=ctx.metrics.conflicts.inc,
+            task_retry=TaskRetryPolicy(
+                initial_ms=p.settings.task_retry_initial_ms,
+                max_interval_ms=p.settings.task_retry_max_interval_ms,
+                max_automatic=p.settings.task_retry_max_automatic,
+                fail_after=p.settings.task_fail_after,
+            ),
+            on_task_failure=p.boundary.task_failed,
         )
         task = PartitionTask(partition, store, engine, dict(positions), dict(positions))
         holder["task"] = task

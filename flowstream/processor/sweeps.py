@@ -59,7 +59,10 @@ class Sweeper:
         store = task.store
         if not store.exists(run_id) or store.quarantined(run_id):
             return  # a run whose start an abort threw away, or one not to touch
-        if not await self.boundary.guard(task, run_id, task.engine.advance(run_id)):
+        # What the sweep drives (a run a restore found waiting on nothing, one an abort or a
+        # failed command left, an operator's RetryRun) retries a failed workflow task at once.
+        work = task.engine.advance(run_id, retry_task=True)
+        if not await self.boundary.guard(task, run_id, work):
             return
         state = store.state(run_id)
         if state.is_terminal or not is_suspended(state, self.ctx.clock()):

@@ -1,5 +1,6 @@
-"""``TimerPunctuator``: due timers and delayed retries become ``FireTimer`` commands, a bounded
-number per scan, applied through the same fenced path as any other command."""
+"""``TimerPunctuator``: due timers and delayed retries (of steps and of failed workflow tasks)
+become ``FireTimer`` commands, a bounded number per scan, applied through the same fenced path
+as any other command."""
 
 from __future__ import annotations
 
@@ -41,7 +42,9 @@ class TimerPunctuator:
             if first is None or first.due > now:
                 continue
             for wakeup in task.store.due_wakeups(now):
-                key = (wakeup.run_id, wakeup.kind, wakeup.subject_id)
+                # A failed workflow task's retry fires as a retry: both drive the run at ``due``.
+                kind = "wait" if wakeup.kind == "wait" else "retry"
+                key = (wakeup.run_id, kind, wakeup.subject_id)
                 fired_at = task.fired.get(key)
                 if fired_at is not None and wall - fired_at < refire:
                     continue
@@ -51,7 +54,6 @@ class TimerPunctuator:
                 budget -= 1
                 task.fired[key] = wall
                 self.ctx.metrics.timer_lag_seconds.observe((now - wakeup.due).total_seconds())
-                kind = "wait" if wakeup.kind == "wait" else "retry"
                 command = FireTimer(
                     run_id=wakeup.run_id, kind=kind, subject_id=wakeup.subject_id, due=wakeup.due
                 )

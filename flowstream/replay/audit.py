@@ -3,7 +3,8 @@
 ``audit_history`` validates the history (contiguous sequences from 1, legal transitions), then
 walks it: at every point where the engine asked workflow code for a decision, it asks the current
 code again with exactly the history of that moment and checks that ``decide`` produces the
-events that follow. It uses the same functions as the live engine and processor
+events that follow (``workflow_task_failed`` records are the engine's, never checked as
+decisions). It uses the same functions as the live engine and processor
 (``engine_repair``, ``is_suspended``, ``decide``), so a passing audit means today's code would
 have written the same history.
 
@@ -22,12 +23,13 @@ from datetime import datetime
 from flowstream.errors import CorruptHistoryError, FlowError, NonDeterministicError
 from flowstream.model.base import canonical_json, json_equal
 from flowstream.model.commands import RuntimeCommand
-from flowstream.model.events import EventEnvelope, FlowEvent
+from flowstream.model.events import EventEnvelope, FlowEvent, RunFailed
 from flowstream.model.spec import WorkflowSpec
 from flowstream.replay.context import HistoryView, WorkflowInvocation
 from flowstream.replay.decide import decide, engine_repair, is_suspended
 from flowstream.replay.liveness import Condition, condition
 from flowstream.replay.state import RunState
+from flowstream.replay.task_failures import task_failure_error
 from flowstream.runtime import FlowRuntime
 
 __all__ = ["DECISION_EVENTS", "RunAudit", "audit_history"]
@@ -112,16 +114,29 @@ async def audit_history(
     while index < len(history):
         envelope = history[index]
         advance = 1
+        # A decision after a failed workflow task was its retry, however it came (so the
+        # task's retry counts as due); a run_failed the task-retry policy wrote is the engine's.
         if (
             envelope.event.type in DECISION_EVENTS
             and not engine_repair(state)
-            and not is_suspended(state, envelope.timestamp)
+            and not is_suspended(state, envelope.timestamp, retry_task=True)
+            and not _ended_by_task_failures(state, envelope.event)
         ):
             advance = await _check_decision(report, state, history, index, runtime)
         for following in history[index : index + advance]:
             state.apply(following)
         index += advance
     return report
+
+
+def _ended_by_task_failures(state: RunState, event: FlowEvent) -> bool:
+    failure = state.task_failure
+    return (
+        isinstance(event, RunFailed)
+        and failure is not None
+        and failure.retry_at is None
+        and event.error == task_failure_error(failure)
+    )
 
 
 async def _check_decision(

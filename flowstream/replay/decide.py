@@ -67,6 +67,7 @@ from flowstream.model.events import (
 )
 from flowstream.model.snapshot import HookStatus, RunStatus, StepStatus, WaitStatus
 from flowstream.replay.state import RunState
+from flowstream.replay.task_failures import task_retry_pending
 
 __all__ = [
     "BATCH_ABORT_REASON",
@@ -152,17 +153,22 @@ def engine_repair(state: RunState) -> list[FlowEvent]:
     return pairs
 
 
-def is_suspended(state: RunState, now: datetime) -> bool:
-    """Whether the run waits on durable external state, so workflow code must not run."""
+def is_suspended(state: RunState, now: datetime, *, retry_task: bool = False) -> bool:
+    """Whether the run waits on durable external state, so workflow code must not run.
+
+    A failed workflow task whose retry is not due suspends the run too, unless ``retry_task``
+    (an operator retry, or a host that knows the task was retried).
+    """
     if state.open_waits or state.active_hooks or state.blocking_children:
         return True
     if any(state.waiting_signal_waits.values()):
         return True
     # Only future retries hold the run: a sibling that may run now (an immediate retry, a due
     # retry, an attempt to redeliver) is not blocked by one that must wait.
-    if not state.delayed_steps or state.due_retries(now):
-        return False
-    return state.active_steps <= state.delayed_steps
+    held = state.delayed_steps and not state.due_retries(now)
+    if held and state.active_steps <= state.delayed_steps:
+        return True
+    return not retry_task and task_retry_pending(state, now)
 
 
 # -- step outcomes ------------------------------------------------------------------------------

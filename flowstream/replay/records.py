@@ -18,6 +18,7 @@ __all__ = [
     "SignalState",
     "SignalWaitState",
     "StepState",
+    "TaskFailure",
     "WaitState",
     "Wakeup",
 ]
@@ -105,7 +106,8 @@ class CancellationState:
 
 @dataclass(frozen=True, slots=True)
 class Wakeup:
-    """A durable deadline: a timer (``kind="wait"``) or a delayed retry (``kind="retry"``)."""
+    """A durable deadline: a timer (``kind="wait"``), a delayed step retry (``kind="retry"``) or
+    the retry of a failed workflow task (``kind="task"``, ``subject_id`` names the attempt)."""
 
     due: datetime
     run_id: str
@@ -121,3 +123,13 @@ class FailRunFailure:
     attempt: int
     error: str
     exhausted: bool
+
+
+@dataclass(slots=True)
+class TaskFailure:
+    """The last ``workflow_task_failed`` of a run that has not moved since."""
+
+    attempt: int
+    error_type: str
+    message: str
+    retry_at: datetime | None

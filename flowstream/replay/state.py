@@ -26,6 +26,7 @@ from flowstream.model.events import (
     RunCreated,
     TerminalOutcome,
     WorkflowProgress,
+    WorkflowTaskFailed,
 )
 from flowstream.model.snapshot import (
     TERMINAL_STATUSES,
@@ -42,6 +43,7 @@ from flowstream.replay.records import (
     SignalState,
     SignalWaitState,
     StepState,
+    TaskFailure,
     WaitState,
     Wakeup,
 )
@@ -85,6 +87,8 @@ class RunState:
     waiting_signal_waits: dict[str, deque[str]] = field(default_factory=dict)
     unconsumed_signals: dict[str, deque[str]] = field(default_factory=dict)
     fail_run_failure: FailRunFailure | None = None
+    #: The last workflow-task failure, until the run moves on (any other event clears it).
+    task_failure: TaskFailure | None = None
 
     # -- construction ---------------------------------------------------------------------
 
@@ -180,9 +184,18 @@ class RunState:
         )
 
     def wakeups(self) -> list[Wakeup]:
-        """Durable deadlines of this run (none once it is terminal)."""
+        """Durable deadlines of this run (none once it is terminal).
+
+        While its workflow task is failing, the task's retry is the run's only deadline: what
+        else could be due (a delayed step's retry) needs a decision, which is that retry.
+        """
         if self.is_terminal:
             return []
+        failure = self.task_failure
+        if failure is not None:
+            if failure.retry_at is None:
+                return []
+            return [Wakeup(failure.retry_at, self.run_id, "task", f"attempt-{failure.attempt}")]
         found = [Wakeup(self.waits[w].resume_at, self.run_id, "wait", w) for w in self.open_waits]
         for step_id in self.delayed_steps:
             due = self.steps[step_id].retry_after
@@ -214,6 +227,7 @@ class RunState:
             "output": self.output,
             "error": self.error,
             "outcome": self.outcome,
+            "task_failure": self.task_failure,
             "last_sequence": self.last_sequence,
             "updated_at": self.updated_at,
         }
@@ -236,6 +250,8 @@ class RunState:
         if handler is None:
             reject(self, f"{event.type} cannot appear after the first event")
         handler(self, event, envelope)
+        if self.task_failure is not None and not isinstance(event, WorkflowTaskFailed):
+            self.task_failure = None  # the run moved on
         self.last_sequence = envelope.sequence
         self.updated_at = envelope.timestamp
         self.history.append(envelope)

@@ -43,6 +43,7 @@ from flowstream.model.events import (
     TerminalOutcome,
     WaitCompleted,
     WaitCreated,
+    WorkflowTaskFailed,
 )
 from flowstream.model.snapshot import HookStatus, RunStatus, StepStatus, WaitStatus
 from flowstream.model.spec import ExhaustedAction
@@ -54,6 +55,7 @@ from flowstream.replay.records import (
     SignalState,
     SignalWaitState,
     StepState,
+    TaskFailure,
     WaitState,
 )
 
@@ -190,6 +192,14 @@ def _on_progress(state: RunState, event: RunProgressRecorded, envelope: EventEnv
     if progress.total is not None and progress.completed > progress.total:
         reject(state, f"progress {progress.progress_id} has completed > total")
     state.progress[progress.progress_id] = progress
+
+
+def _on_task_failed(state: RunState, event: WorkflowTaskFailed, envelope: EventEnvelope) -> None:
+    _require_started(state, "workflow_task_failed")
+    expected = 1 if state.task_failure is None else state.task_failure.attempt + 1
+    if event.attempt != expected:
+        reject(state, f"workflow_task_failed attempt {event.attempt} where {expected} is next")
+    state.task_failure = TaskFailure(event.attempt, event.error_type, event.message, event.retry_at)
 
 
 # -- steps -----------------------------------------------------------------------------------------
@@ -449,6 +459,7 @@ TRANSITIONS: dict[type[Any], Callable[[RunState, Any, EventEnvelope], None]] = {
     RunRetryExhausted: _on_retry_exhausted,
     RunContinuedAsNew: _on_continued,
     RunProgressRecorded: _on_progress,
+    WorkflowTaskFailed: _on_task_failed,
     StepCreated: _on_step_created,
     StepStarted: _on_step_started,
     StepCompleted: _on_step_completed,

@@ -552,8 +552,10 @@ class PartitionStore(_Quarantine, RocksDBEventStore):
 
 
 def _needs_driving(state: RunState, now: datetime) -> bool:
-    """A live run that waits on nothing durable: only a decision moves it on."""
-    return not state.is_terminal and not is_suspended(state, now)
+    """A live run that waits on nothing durable: only a decision moves it on. A failed workflow
+    task with no automatic retry left counts: the new owner retries it once."""
+    exhausted = state.task_failure is not None and state.task_failure.retry_at is None
+    return not state.is_terminal and (exhausted or not is_suspended(state, now))
 
 
 def _drop_sealed(overlay: dict[K, V], sealed: dict[K, V]) -> None:

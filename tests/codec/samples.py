@@ -46,6 +46,7 @@ from flowstream.model.events import (
     WaitCompleted,
     WaitCreated,
     WorkflowProgress,
+    WorkflowTaskFailed,
 )
 from flowstream.model.messages import (
     CancelRun,
@@ -142,6 +143,7 @@ def sample_events() -> list[Any]:
             cancellation_policy=ChildCancellationPolicy.ABANDON,
         ),
         ChildWorkflowResolved(child_id="c1", outcome=OUTCOME),
+        WorkflowTaskFailed(attempt=2, error_type="KeyError", message="'region'", retry_at=T0),
     ]
 
 

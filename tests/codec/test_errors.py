@@ -81,7 +81,7 @@ def test_trailing_bytes_are_refused() -> None:
 
 def test_a_corrupt_union_index_is_refused() -> None:
     # the body is run_id, sequence, event_id, timestamp, then the event's union index: an
-    # index past the 27 branches must not decode as some other event
+    # index past the 28 branches must not decode as some other event
     data = codec.encode_event(envelope(StepCompleted(step_id="s"), run_id="r1"))
     body = bytearray(data[10:])
     run_id_len, seq_len, event_id_len = 1 + 2, 1, 1 + len("r1:1")

@@ -19,12 +19,15 @@ from fastavro.schema import fingerprint, load_schema, to_parsing_canonical_form
 from flowstream import codec
 from flowstream.codec import MARKER, AvroCodec
 from flowstream.errors import SerializationError
-from flowstream.model.events import EventEnvelope, ParentLink, RunCreated
+from flowstream.model.events import EventEnvelope, ParentLink, RunCreated, WorkflowTaskFailed
 from flowstream.model.messages import SendSignal, StartRun
 from tests.codec.samples import SPEC, T0, envelope, sample_events
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 V1 = SCHEMAS / "history" / "flowstream.EventEnvelope.v1.avsc"
+V4 = SCHEMAS / "history" / "flowstream.EventEnvelope.v4.avsc"
+#: Events an older envelope schema has no branch for (added with the version named).
+ADDED_IN = {WorkflowTaskFailed: 5}
 
 
 def _schema(path: Path) -> tuple[Any, bytes]:
@@ -40,10 +43,10 @@ def _frame(schema: Any, fp: bytes, datum: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _as_v1(data: bytes) -> bytes:
-    """Re-write current envelope bytes with the v1 schema (Avro resolution drops new fields)."""
+def _as_v1(data: bytes, old: Path = V1) -> bytes:
+    """Re-write current envelope bytes with an older schema (Avro resolution drops new fields)."""
     current, _ = _schema(SCHEMAS / "flowstream.EventEnvelope.avsc")
-    v1, v1_fp = _schema(V1)
+    v1, v1_fp = _schema(old)
     datum = fastavro.schemaless_reader(io.BytesIO(data[10:]), current, v1, return_record_name=True)
     return _frame(v1, v1_fp, datum)
 
@@ -92,7 +95,9 @@ def test_a_hand_written_v1_record_decodes_with_the_new_field_defaulted() -> None
     assert isinstance(decoded.event, RunCreated) and decoded.event.depth == 0
 
 
-@pytest.mark.parametrize("event", sample_events(), ids=lambda e: type(e).__name__)
+@pytest.mark.parametrize(
+    "event", [e for e in sample_events() if type(e) not in ADDED_IN], ids=lambda e: type(e).__name__
+)
 def test_every_event_written_with_v1_decodes_into_the_current_model(event: Any) -> None:
     original = envelope(event, sequence=5)
     old_bytes = _as_v1(codec.encode_event(original))
@@ -202,3 +207,38 @@ def test_a_link_written_before_a_field_was_added_decodes_with_its_default(
         else codec.decode_command(old_bytes)
     )
     assert decoded == value
+
+
+@pytest.mark.parametrize(
+    "event", [e for e in sample_events() if type(e) not in ADDED_IN], ids=lambda e: type(e).__name__
+)
+def test_every_event_written_with_v4_decodes_into_the_current_model(event: Any) -> None:
+    original = envelope(event, sequence=5)
+    old_bytes = _as_v1(codec.encode_event(original), V4)
+    assert old_bytes[2:10] not in (codec.encode_event(original)[2:10], _as_v1(old_bytes)[2:10])
+    assert codec.decode_event(old_bytes) == original
+
+
+def test_v5_added_workflow_task_failed_as_the_last_branch_of_the_event_union() -> None:
+    def branches(document: dict[str, Any]) -> list[str]:
+        event = next(f for f in document["fields"] if f["name"] == "event")
+        return [b["name"].rsplit(".", 1)[-1] for b in event["type"]]
+
+    current = branches(codec.resolve_schema(codec.ENVELOPE_SCHEMA, _library()))
+    assert branches(json.loads(V4.read_text())) == current[:-1]
+    assert current[-1] == "WorkflowTaskFailed"
+
+
+def test_an_older_reader_refuses_the_new_event_loudly() -> None:
+    """A v4 reader (an older release) cannot mis-read a workflow_task_failed: the union branch
+    it does not know fails the decode."""
+    data = codec.encode_event(envelope(next(e for e in sample_events() if type(e) in ADDED_IN)))
+    current, _ = _schema(SCHEMAS / "flowstream.EventEnvelope.avsc")
+    v4, _ = _schema(V4)
+    with pytest.raises(Exception):  # noqa: B017 - fastavro's own resolution error
+        fastavro.schemaless_reader(io.BytesIO(data[10:]), current, v4)
+
+
+def _library() -> dict[str, Any]:
+    documents = (json.loads(p.read_text()) for p in SCHEMAS.glob("*.avsc"))
+    return {codec._fullname(d, "")[0]: d for d in documents}

@@ -77,7 +77,7 @@ def _crc64_avro(data: bytes) -> int:
 
 def test_samples_cover_every_event_and_message_type() -> None:
     assert {type(e) for e in EVENTS} == set(EVENT_TYPES)
-    assert len(EVENTS) == len(EVENT_TYPES) == 27
+    assert len(EVENTS) == len(EVENT_TYPES) == 28
     assert {type(m) for m in MESSAGES} == {*COMMAND_TYPES, DeadLetter}
 
 

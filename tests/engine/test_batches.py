@@ -27,7 +27,16 @@ from flowstream.model.snapshot import RunStatus, StepStatus
 from flowstream.model.spec import RetryPolicy
 from flowstream.replay.context import StepInvocation, WorkflowContext
 from flowstream.stores.base import EventStore
-from tests.support import EPOCH, FakeClock, event_types, events_of, make_runtime, run, spec
+from tests.support import (
+    EPOCH,
+    FakeClock,
+    event_types,
+    events_of,
+    make_runtime,
+    run,
+    spec,
+    task_failed,
+)
 
 SPEC = spec("batch")
 NONE = RetryPolicy.none()
@@ -78,10 +87,10 @@ def test_invalid_batches_are_rejected_before_anything_is_appended(
     store: EventStore, steps: list[StepCommand], fragment: str
 ) -> None:
     runtime = make_runtime(lambda ctx: ctx.schedule_steps(steps), {"work": lambda inv: 1})
-    with pytest.raises(InvalidTransitionError) as caught:
-        run(FlowEngine(store, runtime).start("r1", SPEC))
-    assert fragment in str(caught.value)
-    assert event_types(store.read("r1")) == ["run_created", "run_started"]
+    snapshot = run(FlowEngine(store, runtime).start("r1", SPEC))
+    caught = task_failed(snapshot, store.read("r1"), error=InvalidTransitionError)
+    assert fragment in caught.message
+    assert event_types(store.read("r1")) == ["run_created", "run_started", "workflow_task_failed"]
     assert runtime.step_calls == []
 
 
@@ -108,9 +117,7 @@ def test_one_drifted_member_rejects_the_whole_batch(store: EventStore, clock: Fa
     )
     mode["v"] = 2
     before = store.read("r1")
-    with pytest.raises(NonDeterministicError):
-        run(engine.drive("r1"))
-    assert store.read("r1") == before
+    task_failed(run(engine.drive("r1")), store.read("r1"), before, NonDeterministicError)
     assert runtime.step_calls == []
 
 
@@ -118,9 +125,9 @@ def test_an_all_terminal_batch_is_an_invalid_transition(store: EventStore) -> No
     runtime = make_runtime(
         lambda ctx: ctx.schedule_steps([step("a"), step("b")]), {"work": lambda inv: 1}
     )
-    with pytest.raises(InvalidTransitionError) as caught:
-        run(FlowEngine(store, runtime).start("r1", SPEC))
-    assert "only terminal steps" in str(caught.value)
+    snapshot = run(FlowEngine(store, runtime).start("r1", SPEC))
+    caught = task_failed(snapshot, store.read("r1"), error=InvalidTransitionError)
+    assert "only terminal steps" in caught.message
     assert len(runtime.step_calls) == 2
     assert len(runtime.workflow_calls) == 2
 

@@ -16,7 +16,17 @@ from flowstream.model.snapshot import HookStatus, RunStatus, StepStatus, WaitSta
 from flowstream.model.spec import RetryPolicy
 from flowstream.replay.context import StepInvocation, WorkflowContext
 from flowstream.stores.base import EventStore
-from tests.support import EPOCH, Crash, FakeClock, event_types, events_of, make_runtime, run, spec
+from tests.support import (
+    EPOCH,
+    Crash,
+    FakeClock,
+    event_types,
+    events_of,
+    make_runtime,
+    run,
+    spec,
+    task_failed,
+)
 
 SPEC = spec("cancellable", signal_names=("go",))
 LATER = EPOCH + timedelta(hours=1)
@@ -110,12 +120,12 @@ def test_a_running_step_is_cancelled_and_cannot_be_rescheduled(
         run(engine.start("r1", SPEC))
     assert engine.snapshot("r1").steps["s"].status is StepStatus.RUNNING
     stubborn_engine = FlowEngine(store, make_runtime(stubborn, {"work": work}), clock=clock)
-    with pytest.raises(InvalidTransitionError) as caught:
-        run(stubborn_engine.request_cancellation("r1", "stop"))
-    assert "distinct stable identity" in str(caught.value)
+    snapshot = run(stubborn_engine.request_cancellation("r1", "stop"))
+    caught = task_failed(snapshot, store.read("r1"), error=InvalidTransitionError)
+    assert "distinct stable identity" in caught.message
     snapshot = engine.snapshot("r1")
     assert snapshot.steps["s"].status is StepStatus.CANCELLED
-    assert event_types(store.read("r1"))[-1] == "run_cancellation_requested"
+    assert event_types(store.read("r1"))[-2] == "run_cancellation_requested"
 
 
 def test_a_cancellation_request_is_idempotent_and_conflicts_on_another_reason(
@@ -152,10 +162,10 @@ def test_complete_while_cancelling_is_an_invalid_transition(
 
     engine = FlowEngine(store, make_runtime(completes), clock=clock)
     run(engine.start("r1", SPEC))
-    with pytest.raises(InvalidTransitionError) as caught:
-        run(engine.request_cancellation("r1", "stop"))
-    assert "cancel" in str(caught.value)
-    assert event_types(store.read("r1"))[-1] == "run_cancellation_requested"
+    snapshot = run(engine.request_cancellation("r1", "stop"))
+    caught = task_failed(snapshot, store.read("r1"), error=InvalidTransitionError)
+    assert "cancel" in caught.message
+    assert event_types(store.read("r1"))[-2] == "run_cancellation_requested"
     assert engine.snapshot("r1").status is RunStatus.CANCELLING
 
 
@@ -174,10 +184,10 @@ def test_fail_while_cancelling_is_allowed(store: EventStore, clock: FakeClock) -
 
 def test_cancel_without_a_request_is_an_invalid_transition(store: EventStore) -> None:
     engine = FlowEngine(store, make_runtime(lambda ctx: ctx.cancel()))
-    with pytest.raises(InvalidTransitionError) as caught:
-        run(engine.start("r1", SPEC))
-    assert "cancellation request" in str(caught.value)
-    assert event_types(store.read("r1")) == ["run_created", "run_started"]
+    snapshot = run(engine.start("r1", SPEC))
+    caught = task_failed(snapshot, store.read("r1"), error=InvalidTransitionError)
+    assert "cancellation request" in caught.message
+    assert event_types(store.read("r1")) == ["run_created", "run_started", "workflow_task_failed"]
 
 
 def test_force_cancel_ends_the_run_without_workflow_code(

@@ -30,7 +30,7 @@ from flowstream.model.snapshot import RunStatus
 from flowstream.replay.context import StepInvocation, WorkflowContext
 from flowstream.replay.decide import derived_run_id
 from flowstream.stores.base import EventStore
-from tests.support import FakeClock, event_types, events_of, make_runtime, run, spec
+from tests.support import FakeClock, event_types, events_of, make_runtime, run, spec, task_failed
 
 PARENT = spec("parent")
 CHILD = spec("child")
@@ -166,18 +166,18 @@ def test_invalid_child_batches_append_nothing(
     runtime = runtime_for(
         lambda ctx: ctx.start_child_workflows([ctx.child_workflow(i, CHILD, {"n": 1}) for i in ids])
     )
-    with pytest.raises(InvalidTransitionError) as caught:
-        run(FlowEngine(store, runtime).start("p1", PARENT))
-    assert fragment in str(caught.value)
-    assert event_types(store.read("p1")) == ["run_created", "run_started"]
+    snapshot = run(FlowEngine(store, runtime).start("p1", PARENT))
+    caught = task_failed(snapshot, store.read("p1"), error=InvalidTransitionError)
+    assert fragment in caught.message
+    assert event_types(store.read("p1")) == ["run_created", "run_started", "workflow_task_failed"]
     assert store.list_runs() == ["p1"]
 
 
 def test_rescheduling_a_resolved_child_is_an_invalid_transition(store: EventStore) -> None:
     runtime = runtime_for(lambda ctx: ctx.start_child_workflow("c", CHILD, {"n": 1}))
-    with pytest.raises(InvalidTransitionError) as caught:
-        run(FlowEngine(store, runtime).start("p1", PARENT))
-    assert "resolved" in str(caught.value)
+    snapshot = run(FlowEngine(store, runtime).start("p1", PARENT))
+    caught = task_failed(snapshot, store.read("p1"), error=InvalidTransitionError)
+    assert "resolved" in caught.message
     assert len(runtime.workflow_calls_of("p1")) == 2
 
 

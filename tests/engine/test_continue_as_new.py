@@ -20,7 +20,7 @@ from flowstream.model.events import ParentLink, RunContinuedAsNew, RunCreated, R
 from flowstream.model.snapshot import RunStatus
 from flowstream.replay.context import WorkflowContext
 from flowstream.stores.base import EventStore
-from tests.support import FakeClock, event_types, events_of, make_runtime, run, spec
+from tests.support import FakeClock, event_types, events_of, make_runtime, run, spec, task_failed
 
 SPEC = spec(
     "looper",
@@ -115,10 +115,10 @@ def test_an_unconsumed_signal_blocks_continuation(store: EventStore, clock: Fake
     engine = engine_for(store, continues_after_hook, clock)
     run(engine.start("root", SPEC, {"n": 0}))
     run(engine.send_signal("root", "s1", "poke", "unread"))
-    with pytest.raises(InvalidTransitionError) as caught:
-        run(engine.resume_hook("root", "h", None))
-    assert "signal" in str(caught.value)
-    assert event_types(store.read("root"))[-1] == "hook_received"
+    snapshot = run(engine.resume_hook("root", "h", None))
+    caught = task_failed(snapshot, store.read("root"), error=InvalidTransitionError)
+    assert "signal" in caught.message
+    assert event_types(store.read("root"))[-2] == "hook_received"
     assert engine.list_runs() == ["root"]
 
 
@@ -130,9 +130,12 @@ def test_continuation_is_refused_while_cancelling(store: EventStore, clock: Fake
 
     engine = engine_for(store, continues_on_cancel, clock)
     run(engine.start("root", SPEC, {"n": 0}))
-    with pytest.raises(InvalidTransitionError):
-        run(engine.request_cancellation("root", "stop"))
-    assert event_types(store.read("root"))[-1] == "run_cancellation_requested"
+    task_failed(
+        run(engine.request_cancellation("root", "stop")),
+        store.read("root"),
+        error=InvalidTransitionError,
+    )
+    assert event_types(store.read("root"))[-2] == "run_cancellation_requested"
 
 
 def test_a_crash_between_the_link_and_the_successor_is_repaired_once(

@@ -11,7 +11,7 @@ from flowstream.model.commands import RuntimeCommand
 from flowstream.model.snapshot import RunStatus
 from flowstream.replay.context import WorkflowContext
 from flowstream.stores.base import MAX_EVENT_BYTES, EventStore
-from tests.support import FakeClock, event_types, make_runtime, run, spec
+from tests.support import FakeClock, event_types, make_runtime, run, spec, task_failed
 
 SPEC = spec("limits", signal_names=("go",))
 BIG = "x" * (MAX_EVENT_BYTES + 1)
@@ -115,6 +115,5 @@ def test_malformed_identities_are_rejected_before_appending(
     store: EventStore, clock: FakeClock, command: object
 ) -> None:
     engine = FlowEngine(store, make_runtime(command), clock=clock)  # type: ignore[arg-type]
-    with pytest.raises(InvalidIdentifierError):
-        run(engine.start("r1", SPEC))
-    assert event_types(store.read("r1")) == ["run_created", "run_started"]
+    task_failed(run(engine.start("r1", SPEC)), store.read("r1"), error=InvalidIdentifierError)
+    assert event_types(store.read("r1")) == ["run_created", "run_started", "workflow_task_failed"]

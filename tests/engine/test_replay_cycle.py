@@ -12,7 +12,6 @@ from flowstream.engine import FlowEngine
 from flowstream.errors import (
     CorruptHistoryError,
     EventConflictError,
-    InvalidTransitionError,
     LimitExceededError,
     RunConflictError,
     RunNotFoundError,
@@ -41,6 +40,7 @@ from tests.support import (
     make_runtime,
     run,
     spec,
+    task_failed,
 )
 from tests.support.stores import StoreFactory
 
@@ -193,9 +193,12 @@ def test_unknown_run_is_run_not_found(store: EventStore) -> None:
 
 def test_workflow_code_must_return_a_runtime_command(store: EventStore) -> None:
     engine = FlowEngine(store, make_runtime(lambda ctx: {"not": "a command"}))
-    with pytest.raises(InvalidTransitionError):
-        run(engine.start("r1", SPEC))
-    assert event_types(engine.history("r1")) == ["run_created", "run_started"]
+    task_failed(run(engine.start("r1", SPEC)), store.read("r1"), error="InvalidCommand")
+    assert event_types(engine.history("r1")) == [
+        "run_created",
+        "run_started",
+        "workflow_task_failed",
+    ]
 
 
 def test_replay_iterations_are_bounded(store: EventStore) -> None:

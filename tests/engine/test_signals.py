@@ -13,7 +13,7 @@ from flowstream.model.commands import RuntimeCommand
 from flowstream.model.snapshot import RunStatus, WaitStatus
 from flowstream.replay.context import WorkflowContext
 from flowstream.stores.base import EventStore
-from tests.support import FakeClock, event_types, events_of, make_runtime, run, spec
+from tests.support import FakeClock, event_types, events_of, make_runtime, run, spec, task_failed
 
 SPEC = spec("approvals", signal_names=("approve", "note"))
 
@@ -139,9 +139,12 @@ def test_waiting_for_an_undeclared_signal_name_is_an_invalid_transition(
     store: EventStore,
 ) -> None:
     runtime = make_runtime(lambda ctx: ctx.wait_for_signal("w", "reject"))
-    with pytest.raises(InvalidTransitionError):
-        run(FlowEngine(store, runtime).start("r1", SPEC))
-    assert event_types(store.read("r1")) == ["run_created", "run_started"]
+    task_failed(
+        run(FlowEngine(store, runtime).start("r1", SPEC)),
+        store.read("r1"),
+        error=InvalidTransitionError,
+    )
+    assert event_types(store.read("r1")) == ["run_created", "run_started", "workflow_task_failed"]
 
 
 def test_a_signal_to_a_terminal_run_is_a_clear_error(store: EventStore, clock: FakeClock) -> None:

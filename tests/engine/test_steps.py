@@ -25,7 +25,17 @@ from flowstream.replay.context import StepInvocation, WorkflowContext
 from flowstream.replay.state import Wakeup
 from flowstream.stores.base import EventStore
 from flowstream.stores.memory import MemoryEventStore
-from tests.support import EPOCH, Crash, FakeClock, event_types, events_of, make_runtime, run, spec
+from tests.support import (
+    EPOCH,
+    Crash,
+    FakeClock,
+    event_types,
+    events_of,
+    make_runtime,
+    run,
+    spec,
+    task_failed,
+)
 from tests.support.stores import StoreFactory
 
 SPEC = spec("steps")
@@ -357,13 +367,12 @@ def test_rescheduling_a_terminal_step_is_an_invalid_transition_not_a_loop(
     store: EventStore, clock: FakeClock
 ) -> None:
     runtime = make_runtime(lambda ctx: ctx.schedule_step("s", "work"), {"work": lambda inv: 1})
-    with pytest.raises(InvalidTransitionError) as caught:
-        run(FlowEngine(store, runtime, clock=clock).start("r1", SPEC))
-    assert "terminal step s" in str(caught.value)
-    assert caught.value.run_id == "r1"
+    snapshot = run(FlowEngine(store, runtime, clock=clock).start("r1", SPEC))
+    caught = task_failed(snapshot, store.read("r1"), error=InvalidTransitionError)
+    assert "terminal step s" in caught.message
     assert len(runtime.workflow_calls) == 2
     assert len(runtime.step_calls) == 1
-    assert event_types(store.read("r1"))[-1] == "step_completed"
+    assert event_types(store.read("r1"))[-2] == "step_completed"
 
 
 def test_rescheduling_a_failed_continue_workflow_step_is_an_invalid_transition(
@@ -371,8 +380,11 @@ def test_rescheduling_a_failed_continue_workflow_step_is_an_invalid_transition(
 ) -> None:
     policy = RetryPolicy.none().continue_workflow_on_failure()
     runtime = make_runtime(one_step(policy), {"work": failing(99)})
-    with pytest.raises(InvalidTransitionError):
-        run(FlowEngine(store, runtime, clock=clock).start("r1", SPEC))
+    task_failed(
+        run(FlowEngine(store, runtime, clock=clock).start("r1", SPEC)),
+        store.read("r1"),
+        error=InvalidTransitionError,
+    )
     assert len(runtime.step_calls) == 1
     assert len(runtime.workflow_calls) == 2
 
@@ -390,10 +402,10 @@ def test_typed_decoding_failures_are_serialization_errors(
         return ctx.complete(ctx.step_output_as("s", Receipt).receipt_id)  # type: ignore[union-attr]
 
     runtime = make_runtime(workflow, {"work": lambda inv: {"wrong": "shape"}})
-    with pytest.raises(SerializationError) as caught:
-        run(FlowEngine(store, runtime, clock=clock).start("r1", SPEC))
-    assert "Receipt" in str(caught.value)
-    assert event_types(store.read("r1"))[-1] == "step_completed"
+    snapshot = run(FlowEngine(store, runtime, clock=clock).start("r1", SPEC))
+    caught = task_failed(snapshot, store.read("r1"), error=SerializationError)
+    assert "Receipt" in caught.message
+    assert event_types(store.read("r1"))[-2] == "step_completed"
 
     ok = make_runtime(workflow, {"work": lambda inv: {"receipt_id": "rc-1"}})
     assert run(FlowEngine(store, ok, clock=clock).start("r2", SPEC)).output == "rc-1"
@@ -415,7 +427,10 @@ def test_an_unrepresentable_retry_delay_is_rejected_before_the_step_runs(
     store: EventStore, clock: FakeClock
 ) -> None:
     runtime = make_runtime(one_step(RetryPolicy.fixed(2, 10**15)), {"work": failing(1)})
-    with pytest.raises(InvalidTransitionError):
-        run(FlowEngine(store, runtime, clock=clock).start("r1", SPEC))
+    task_failed(
+        run(FlowEngine(store, runtime, clock=clock).start("r1", SPEC)),
+        store.read("r1"),
+        error=InvalidTransitionError,
+    )
     assert runtime.step_calls == []
-    assert event_types(store.read("r1")) == ["run_created", "run_started"]
+    assert event_types(store.read("r1")) == ["run_created", "run_started", "workflow_task_failed"]

@@ -15,7 +15,16 @@ from flowstream.model.snapshot import RunStatus, WaitStatus
 from flowstream.replay.context import WorkflowContext
 from flowstream.replay.state import Wakeup
 from flowstream.stores.base import EventStore
-from tests.support import EPOCH, FakeClock, event_types, events_of, make_runtime, run, spec
+from tests.support import (
+    EPOCH,
+    FakeClock,
+    event_types,
+    events_of,
+    make_runtime,
+    run,
+    spec,
+    task_failed,
+)
 from tests.support.stores import StoreFactory
 
 SPEC = spec("timer")
@@ -122,9 +131,12 @@ def test_deadlines_are_stored_in_utc(store: EventStore, clock: FakeClock) -> Non
 
 def test_a_naive_deadline_is_rejected(store: EventStore) -> None:
     runtime = make_runtime(lambda ctx: ctx.wait_until("w", datetime(2026, 1, 1)))
-    with pytest.raises(InvalidTransitionError):
-        run(FlowEngine(store, runtime).start("r1", SPEC))
-    assert event_types(store.read("r1")) == ["run_created", "run_started"]
+    task_failed(
+        run(FlowEngine(store, runtime).start("r1", SPEC)),
+        store.read("r1"),
+        error=InvalidTransitionError,
+    )
+    assert event_types(store.read("r1")) == ["run_created", "run_started", "workflow_task_failed"]
 
 
 def test_timers_survive_a_restart(

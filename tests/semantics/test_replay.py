@@ -66,10 +66,6 @@ def test_a_terminal_run_is_returned_without_invoking_workflow_code(
     assert len(runtime.workflow_calls) == calls == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: run_started spends one of max_replay_iterations (engine/cycle.py, taskfail)",
-)
 def test_run_started_does_not_consume_the_replay_budget(
     store: EventStore, clock: FakeClock
 ) -> None:
@@ -80,11 +76,6 @@ def test_run_started_does_not_consume_the_replay_budget(
     assert run(engine.start("r1", SPEC)).status is RunStatus.SUSPENDED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect (issue 16 item 7): a terminal command spends another iteration, so the "
-    "limit fires for a completed run (engine/cycle.py, taskfail)",
-)
 def test_a_terminal_command_within_the_budget_never_reports_the_limit(
     store: EventStore, clock: FakeClock
 ) -> None:

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from flowstream.model.base import JSON
 from flowstream.model.commands import RuntimeCommand
-from flowstream.model.events import EventEnvelope, FlowEvent
+from flowstream.model.events import EventEnvelope, FlowEvent, WorkflowTaskFailed
+from flowstream.model.snapshot import WorkflowRunSnapshot
 from flowstream.model.spec import WorkflowSpec
 from flowstream.replay.context import StepInvocation, WorkflowContext, WorkflowInvocation
 
@@ -32,6 +33,7 @@ __all__ = [
     "make_runtime",
     "run",
     "spec",
+    "task_failed",
 ]
 
 T = TypeVar("T")
@@ -79,6 +81,24 @@ def event_types(history: Iterable[EventEnvelope]) -> list[str]:
 
 def events_of(history: Iterable[EventEnvelope], type_: str) -> list[Any]:
     return [envelope.event for envelope in history if envelope.event.type == type_]
+
+
+def task_failed(
+    snapshot: WorkflowRunSnapshot,
+    history: Sequence[EventEnvelope],
+    before: Sequence[EventEnvelope] | None = None,
+    error: type[BaseException] | str | None = None,
+) -> WorkflowTaskFailed:
+    """The ``workflow_task_failed`` a drive appended last (of ``error``, a class or a name),
+    which ``snapshot`` shows; with ``before``: the only event appended after it."""
+    last = history[-1].event
+    assert isinstance(last, WorkflowTaskFailed), f"the history ends with {last.type}"
+    assert snapshot.task_failure is not None and snapshot.task_failure.attempt == last.attempt
+    if before is not None:
+        assert list(history[:-1]) == list(before), "more than the failure was appended"
+    if error is not None:
+        assert last.error_type == (error if isinstance(error, str) else error.__name__), last
+    return last
 
 
 def envelope(
