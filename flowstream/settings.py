@@ -65,6 +65,9 @@ class Settings(FrozenModel):
     #: The consecutive workflow-task failure that fails the run (unset: none does).
     task_fail_after: int | None = Field(default=None, ge=1)
     max_message_bytes: int = Field(default=1024 * 1024, ge=1024)
+    #: Hops a continue-as-new chain may have after its root (0: no limit); the continuation
+    #: that would go beyond is refused before its link is written.
+    max_continuations: int = Field(default=1_000, ge=0)
     #: A command parked this long (a signal for a run that never started, a start whose build
     #: no processor serves) is dead-lettered with the reason. Seven days: as long as the
     #: command topics keep a command, so it can still be looked up, and sent again.

@@ -63,6 +63,7 @@ class PartitionHost:
             emit=ctx.emit,
             clock=ctx.clock,
             on_conflict=ctx.metrics.conflicts.inc,
+            max_continuations=p.settings.max_continuations,
             task_retry=TaskRetryPolicy(
                 initial_ms=p.settings.task_retry_initial_ms,
                 max_interval_ms=p.settings.task_retry_max_interval_ms,

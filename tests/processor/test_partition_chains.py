@@ -8,6 +8,7 @@ elsewhere that a forced cancel must end, go on by command."""
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from flowstream.errors import CorruptHistoryError, LimitExceededError
 from flowstream.model.commands import RuntimeCommand
@@ -22,6 +23,7 @@ from flowstream.model.messages import CancelRun, CommandMessage, ResolveChild, S
 from flowstream.processor.engine import PartitionEngine
 from flowstream.replay.context import WorkflowContext
 from flowstream.replay.decide import derived_run_id
+from flowstream.settings import Settings
 from flowstream.stores.memory import MemoryEventStore
 from tests.support import FakeClock, make_runtime, run, spec
 
@@ -214,3 +216,10 @@ def test_a_forced_cancel_reaches_children_elsewhere_and_through_their_chain() ->
         "remote": "cancelled",
         "here": "cancelled",
     }
+
+
+def test_the_processor_hop_limit_is_a_setting() -> None:
+    assert Settings().max_continuations == 1_000
+    assert Settings.from_env({"FLOWSTREAM_MAX_CONTINUATIONS": "0"}).max_continuations == 0
+    with pytest.raises(ValidationError):
+        Settings.from_env({"FLOWSTREAM_MAX_CONTINUATIONS": "-1"})
