@@ -115,6 +115,18 @@ def test_retry_after_is_anchored_at_the_later_of_the_clock_and_the_drive_cutoff(
     assert snapshot.steps["s"].retry_after == cutoff + timedelta(seconds=1)
 
 
+def test_the_engine_schedules_the_policys_exponential_delay(
+    store: EventStore, clock: FakeClock
+) -> None:
+    """§6.1: the deadline of a failed attempt k is the policy's delay for (run, step, k) after
+    the failure."""
+    policy = RetryPolicy.exponential(3, 1000, 10_000)
+    engine, _ = engine_for(store, clock, one_step(policy), {"work": failing(1)})
+    snapshot = run(engine.start("r1", SPEC))
+    delay = timedelta(milliseconds=policy.delay_for("r1", "s", 1))
+    assert snapshot.steps["s"].retry_after == EPOCH + delay
+
+
 def test_a_zero_delay_retries_at_once_in_the_same_drive(
     store: EventStore, clock: FakeClock
 ) -> None:

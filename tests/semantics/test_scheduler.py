@@ -75,6 +75,17 @@ def test_a_redelivered_timer_appends_nothing(store: EventStore, clock: FakeClock
     assert store.read("r1") == before
 
 
+def test_a_timer_of_an_ended_run_is_a_silent_no_op(store: EventStore, clock: FakeClock) -> None:
+    """§7 timers: a resume after the run is terminal appends nothing (a force-cancelled run
+    keeps its wait waiting, §5.5)."""
+    engine, _ = engine_for(store, clock, napper)
+    run(engine.start("r1", SPEC))
+    run(engine.force_cancel("r1"))
+    before = store.read("r1")
+    assert run(engine.resume_wait("r1", "w", now=LATER)).status is RunStatus.CANCELLED
+    assert store.read("r1") == before
+
+
 def test_a_timer_cannot_be_resumed_before_its_deadline(store: EventStore, clock: FakeClock) -> None:
     """§7 timers: a direct resume of an open timer before its persisted deadline is rejected."""
     engine, _ = engine_for(store, clock, napper)
