@@ -10,9 +10,11 @@ from flowstream.engine.cycle import ReplayCycle
 from flowstream.errors import (
     CorruptHistoryError,
     EventConflictError,
+    InvalidInputError,
     LimitExceededError,
     RuntimeBuildUnavailableError,
 )
+from flowstream.model.base import JSON
 from flowstream.model.events import (
     ChildCancellationPolicy,
     ChildWorkflowRequested,
@@ -21,8 +23,11 @@ from flowstream.model.events import (
     ParentLink,
     RunCancellationRequested,
     RunCreated,
+    TerminalOutcome,
 )
+from flowstream.model.spec import WorkflowSpec
 from flowstream.replay.state import RunState
+from flowstream.runtime import check_input
 
 __all__ = ["ChildRuns"]
 
@@ -60,6 +65,18 @@ class ChildRuns(ReplayCycle):
                     run_id=state.run_id,
                 )
 
+    def _refused_child(
+        self, run_id: str, spec: WorkflowSpec, input: JSON
+    ) -> TerminalOutcome | None:
+        """The outcome of a child whose input its workflow's model rejects: it is never created
+        and ends failed with the reason, for the parent's code to handle, as a child that
+        failed on its input would. ``None``: the child may be created."""
+        try:
+            check_input(self._runtime_for(spec), run_id, spec, input)
+        except InvalidInputError as exc:
+            return TerminalOutcome(type="failed", error=str(exc))
+        return None
+
     async def _reconcile_children(self, state: RunState, now: datetime | None) -> bool:
         """Create, cancel and drive open children; resolve the first terminal one. True if
         something was appended to the parent.
@@ -75,6 +92,14 @@ class ChildRuns(ReplayCycle):
         ):
             child = state.children[child_id]
             if not self.store.exists(child.run_id):
+                refused = self._refused_child(child.run_id, child.spec, child.input)
+                if refused is not None:  # never created: the parent sees it failed
+                    self.store.append_if_sequence(
+                        state.run_id,
+                        expected,
+                        [ChildWorkflowResolved(child_id=child_id, outcome=refused)],
+                    )
+                    return True
                 created = RunCreated(
                     spec=child.spec,
                     input=child.input,

@@ -64,7 +64,10 @@ class FlowEngine(RunInputs, Cancellation, Inspection, ChildRuns, Continuation, S
         """Append ``run_created`` unless the run exists with the same spec and input.
 
         Nothing is appended for a run this engine may not run (its build or workflow is not
-        served) or whose input does not validate against the workflow's input model.
+        served) or whose input does not validate against the workflow's input model. A
+        continuation's successor is not validated: its predecessor already ended, so there is
+        no one to refuse it to, and its own first workflow task reports an input its code
+        cannot read.
         """
         validate_run_id(run_id)
         while True:
@@ -76,7 +79,8 @@ class FlowEngine(RunInputs, Cancellation, Inspection, ChildRuns, Continuation, S
                     raise RunConflictError(f"run {run_id}: workflow input differs", run_id=run_id)
                 return
             self._admit(run_id, spec)
-            check_input(self._runtime_for(spec), run_id, spec, input)
+            if parent is None or not parent.continued:
+                check_input(self._runtime_for(spec), run_id, spec, input)
             try:
                 created = RunCreated(spec=spec, input=input, parent=parent, depth=depth)
                 self.store.append_if_sequence(run_id, 0, [created])

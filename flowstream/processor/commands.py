@@ -19,6 +19,7 @@ from typing import Any
 from flowstream import codec, wire
 from flowstream.errors import (
     FlowError,
+    InvalidInputError,
     InvalidTransitionError,
     NonDeterministicError,
     RunNotFoundError,
@@ -27,7 +28,7 @@ from flowstream.errors import (
     WorkflowNotServedError,
 )
 from flowstream.kafka import clients
-from flowstream.model.events import ChildWorkflowResolved
+from flowstream.model.events import ChildWorkflowResolved, TerminalOutcome
 from flowstream.model.messages import (
     CancelRun,
     CommandMessage,
@@ -141,13 +142,17 @@ class CommandHandler:
         try:
             match command:
                 case StartRun():
-                    engine.create(
-                        command.run_id,
-                        command.spec,
-                        command.input,
-                        parent=command.parent,
-                        depth=command.depth,
-                    )
+                    try:
+                        engine.create(
+                            command.run_id,
+                            command.spec,
+                            command.input,
+                            parent=command.parent,
+                            depth=command.depth,
+                        )
+                    except InvalidInputError as exc:
+                        self._refuse_child(command, str(exc))
+                        raise
                     await engine.advance(command.run_id)
                 case SendSignal():
                     if not store.exists(command.run_id):
@@ -187,6 +192,22 @@ class CommandHandler:
             # Another member (or the next deployment) may serve it: wait, with the reason.
             self.ctx.metrics.parked_for_build.inc()
             raise Park(str(exc)) from exc
+
+    def _refuse_child(self, command: StartRun, reason: str) -> None:
+        """A child's start refused for its input: the child is never created and ends failed
+        for its parent, which would otherwise wait for it for ever (as the embedded engine)."""
+        link = command.parent
+        if link is None or link.child_id is None or link.continued:
+            return
+        outcome = TerminalOutcome(type="failed", error=reason)
+        self.ctx.emit(
+            ResolveChild(
+                run_id=link.run_id,
+                child_id=link.child_id,
+                child_run_id=command.run_id,
+                outcome=outcome,
+            )
+        )
 
     def _retry(self, task: PartitionTask, command: RetryRun) -> None:
         """An operator's retry: the run is driven like one a restore left to drive (through

@@ -131,3 +131,31 @@ def test_the_example_runtime_declares_its_workflow_and_input() -> None:
     from flowstream.examples.order import SPEC, OrderInput, runtime
 
     assert dict(runtime.workflow_inputs) == {SPEC.name: OrderInput}
+
+
+def test_a_child_whose_input_does_not_validate_fails_for_its_parent_unborn(
+    store: EventStore, clock: FakeClock
+) -> None:
+    """The parent's code sees the child failed with the reason and can handle it; the child's
+    run is never created (the Kafka processor does the same, tests/processor)."""
+    kid = spec("kid")
+
+    def parent(ctx: WorkflowContext) -> RuntimeCommand:
+        outcome = ctx.child_workflow_outcome("k")
+        if outcome is None:
+            return ctx.start_child_workflow("k", kid, ctx.input)
+        return ctx.complete({"type": outcome.type, "error": outcome.error})
+
+    def child(ctx: WorkflowContext) -> RuntimeCommand:
+        return ctx.complete(ctx.input)
+
+    runtime = make_runtime({"parent": parent, "kid": child})
+    runtime.workflow_inputs = {"parent": None, "kid": Order}  # type: ignore[attr-defined]
+    engine = FlowEngine(store, runtime, clock=clock)
+    ok = run(engine.start("p1", spec("parent"), {"order_id": "o", "quantity": 1}))
+    assert ok.output == {"type": "completed", "error": None}
+    bad = run(engine.start("p2", spec("parent"), {"order_id": "o"}))
+    assert bad.status is RunStatus.COMPLETED
+    assert isinstance(bad.output, dict) and bad.output["type"] == "failed"
+    assert "does not validate against Order" in bad.output["error"]
+    assert not store.exists(bad.children["k"].run_id)

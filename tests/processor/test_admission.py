@@ -18,6 +18,7 @@ from flowstream.errors import RunNotFoundError
 from flowstream.examples.order import SPEC as ORDER
 from flowstream.model.messages import DeadLetter
 from flowstream.settings import Settings
+from tests.processor.admission_apps import PARENT
 from tests.processor.admission_apps import SPEC as FRAGILE
 from tests.processor.apps import SPEC as THREE_STEPS
 from tests.processor.harness import Cluster, raw_events, wait_until
@@ -165,3 +166,21 @@ def test_a_command_parked_past_its_time_to_live_is_dead_lettered_and_leaves_the_
     client.flush()
     done = client.wait("never-started", timeout=60)
     assert done.status.value == "completed" and done.output["go"] is None  # type: ignore[index]
+
+
+def test_a_child_whose_input_does_not_validate_fails_for_its_parent_and_is_never_created(
+    cluster: Cluster,
+) -> None:
+    cluster.start("w1", app="tests.processor.admission_apps:family")
+    client = cluster.client
+    client.start("family-ok", PARENT, {"kid": {"count": 3}})
+    client.start("family-bad", PARENT, {"kid": {"count": "three"}})
+    client.flush()
+    done = client.wait_all(["family-ok", "family-bad"], timeout=90)
+    assert done["family-ok"].output == {"type": "completed", "output": 3, "error": None}
+    bad = done["family-bad"].output
+    assert isinstance(bad, dict) and bad["type"] == "failed", bad
+    assert "does not validate against KidInput" in bad["error"] and "count" in bad["error"]
+    kid = client.snapshot("family-bad", timeout=10).children["k"].run_id
+    with pytest.raises(RunNotFoundError):
+        client.history(kid, timeout=10)
