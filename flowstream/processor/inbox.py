@@ -134,6 +134,7 @@ class Inbox:
                     self._next_scan = wall  # more are due: the next iteration goes on
                     return
                 budget -= 1
+                self.ctx.pipeline.begin()
                 if await self.retry(task, parked_run, inbox_id, value):
                     await self.boundary.guard(task, parked_run, self.drain(task, parked_run))
 
