@@ -264,6 +264,17 @@ def test_schedule_step_must_match_the_durable_step(
     _refuses(state, command, NonDeterministicError, f"step s {what} differs")
 
 
+def test_a_batch_with_one_drifted_member_is_refused_whole(store: EventStore) -> None:
+    """§3.1 ScheduleSteps / seeds: each existing id must match; the complete identity set is
+    validated before any member advances."""
+    state = _state(store, StepCreated(step_id="a", step_name="work", input=1))
+    batch = [
+        StepCommand(step_id="new", step_name="work"),
+        StepCommand(step_id="a", step_name="work", input=2),
+    ]
+    _refuses(state, RuntimeCommand.schedule_steps(batch), NonDeterministicError, "step a input")
+
+
 def test_rescheduling_a_terminal_step_is_no_progress(store: EventStore) -> None:
     """§3.1 ScheduleStep: re-scheduling a terminal step → InvalidTransition "rescheduled
     terminal step X without progress"."""

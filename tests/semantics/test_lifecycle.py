@@ -554,6 +554,38 @@ def test_build_admission(
             assert not store.exists(run_id)
 
 
+@pytest.mark.parametrize("entry", ["signal", "hook", "wait", "dispose", "cancel", "drive"])
+def test_admission_precedes_every_action_specific_write(
+    store: EventStore, clock: FakeClock, entry: str
+) -> None:
+    """§8.4: admission is checked before workflow invocation and before any action-specific
+    write (signal, hook, timer, cancellation request)."""
+
+    def workflow(ctx: WorkflowContext) -> RuntimeCommand:
+        if not ctx.wait_completed("w"):
+            return ctx.wait_until("w", EPOCH)
+        return ctx.create_hook("h", f"t-{ctx.run_id}")
+
+    pinned = spec("semantics", runtime_build_id="b1", signal_names=("go",))
+    serving, _ = engine_for(store, clock, workflow, builds=RuntimeBuilds("b1"))
+    run(serving.start("r1", pinned))
+    if entry in ("hook", "dispose"):
+        run(serving.resume_wait("r1", "w"))
+    before = store.read("r1")
+    other, runtime = engine_for(store, clock, workflow)
+    attempt = {
+        "signal": lambda: other.send_signal("r1", "s1", "go"),
+        "hook": lambda: other.resume_hook("r1", "h", 1),
+        "wait": lambda: other.resume_wait("r1", "w"),
+        "dispose": lambda: other.dispose_hook("r1", "h"),
+        "cancel": lambda: other.request_cancellation("r1"),
+        "drive": lambda: other.drive("r1"),
+    }[entry]
+    with pytest.raises(RuntimeBuildUnavailableError):
+        run(attempt())
+    assert store.read("r1") == before and runtime.workflow_calls == []
+
+
 def test_the_spec_version_is_not_used_for_admission(store: EventStore, clock: FakeClock) -> None:
     """§8.4: version is an application label; it is not used for admission."""
     engine, _ = engine_for(store, clock, lambda ctx: ctx.complete(ctx.spec.version))
