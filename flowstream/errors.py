@@ -186,9 +186,10 @@ class InvalidInputError(FlowError):
 
 
 class LimitExceededError(FlowError):
-    """A configured engine limit was hit: ``max_replay_iterations`` in one drive,
-    ``max_child_depth``, or ``max_continuations`` hops of a continuation chain (checked before
-    the link that would exceed it is appended)."""
+    """A configured engine limit was hit: ``max_replay_iterations`` in one drive (raised), or
+    ``max_child_depth`` or ``max_continuations`` hops of a continuation chain (the decision that
+    would exceed it is not written; the refusal is recorded as the run's workflow-task
+    failure)."""
 
 
 class StoreLockedError(FlowError):

@@ -133,9 +133,9 @@ class Continuation(ReplayCycle):
         root = chain_root(self.store, state).run_id
         raise LimitExceededError(
             f"run {state.run_id}: continuing as new would be hop {hop} of the continuation chain "
-            f"of root {root}, beyond max_continuations={self._max_continuations}; nothing was "
-            "appended. A workflow that continues without ever waiting spins: fix its code, or "
-            "raise max_continuations (0 disables the limit)",
+            f"of root {root}, beyond max_continuations={self._max_continuations}, so the link was "
+            "not written. A workflow that continues without ever waiting spins: fix its code, or "
+            "raise max_continuations (0 disables the limit) and retry the run",
             run_id=state.run_id,
         )
 

@@ -198,8 +198,6 @@ class ReplayCycle(ABC):
                         continue  # the policy failed the run: its end is handled above
                     return self.store.state(run_id)
                 decision = decided
-                self._check_children(state, decision.events)
-                self._check_continuation(state, decision.events)
                 if decision.events:
                     self.store.append_if_sequence(run_id, expected, decision.events)
                 if decision.run_steps:
@@ -246,9 +244,14 @@ class ReplayCycle(ABC):
         if failed is not None:
             return failed
         try:
-            return decide(current, command, moment)
-        except FlowError as exc:  # nondeterministic, or a command the history refuses
+            decision = decide(current, command, moment)
+            # The engine's limits (child depth, continuation hops) refuse a decision the same
+            # way: recorded for the run, never a silent stop.
+            self._check_children(current, decision.events)
+            self._check_continuation(current, decision.events)
+        except FlowError as exc:  # nondeterministic, or a command the history or a limit refuses
             return _Failed.of(exc)
+        return decision
 
     # -- the hooks: where a run touches successors, children and step handlers -----------------
 

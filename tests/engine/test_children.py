@@ -229,6 +229,13 @@ def test_force_cancel_follows_the_child_policy(
     assert len(runtime.workflow_calls) == calls  # no workflow code ran
 
 
+def refusal(engine: FlowEngine, run_id: str, error: type[Exception]) -> str:
+    """The message of the workflow-task failure that records a refused decision of ``run_id``."""
+    failure = engine.snapshot(run_id).task_failure
+    assert failure is not None and failure.error_type == error.__name__
+    return failure.message
+
+
 def test_the_child_depth_limit_is_enforced_before_appending(
     store: EventStore, clock: FakeClock
 ) -> None:
@@ -239,13 +246,12 @@ def test_the_child_depth_limit_is_enforced_before_appending(
         return ctx.complete()
 
     engine = FlowEngine(store, make_runtime(recursive), clock=clock, max_child_depth=2)
-    with pytest.raises(LimitExceededError) as caught:
-        run(engine.start("root", spec("recursive")))
-    assert "depth" in str(caught.value)
+    run(engine.start("root", spec("recursive")))
     runs = store.list_runs()
     assert len(runs) == 3  # root (0), child (1), grandchild (2)
     deepest = [r for r in runs if store.state(r).depth == 2]
     assert len(deepest) == 1
+    assert "depth" in refusal(engine, deepest[0], LimitExceededError)
     assert "child_workflow_requested" not in event_types(store.read(deepest[0]))
 
 
@@ -436,7 +442,7 @@ def test_an_ancestry_cycle_is_reported_before_a_child_is_requested(
             ],
         )
     engine = FlowEngine(store, runtime_for(one_child({"n": 1})), clock=clock)
-    with pytest.raises(CorruptHistoryError) as caught:
-        run(engine.drive("p1"))
-    assert "ancestry" in str(caught.value) and "cycle" in str(caught.value)
-    assert event_types(store.read("p1")) == ["run_created", "run_started"]
+    run(engine.drive("p1"))
+    message = refusal(engine, "p1", CorruptHistoryError)
+    assert "ancestry" in message and "cycle" in message
+    assert event_types(store.read("p1")) == ["run_created", "run_started", "workflow_task_failed"]

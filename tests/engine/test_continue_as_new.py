@@ -17,7 +17,7 @@ from flowstream.errors import (
 )
 from flowstream.model.commands import RuntimeCommand
 from flowstream.model.events import ParentLink, RunContinuedAsNew, RunCreated, RunStarted
-from flowstream.model.snapshot import RunStatus
+from flowstream.model.snapshot import RunStatus, WorkflowRunSnapshot
 from flowstream.replay.context import WorkflowContext
 from flowstream.stores.base import EventStore
 from tests.support import FakeClock, event_types, events_of, make_runtime, run, spec, task_failed
@@ -211,24 +211,33 @@ def test_each_successor_link_stores_its_hop(store: EventStore, clock: FakeClock)
     assert hops == [1, 2, 3]
 
 
+def hop_refusal(snapshot: WorkflowRunSnapshot) -> str:
+    """The recorded refusal of ``snapshot``'s continuation: its workflow-task failure."""
+    failure = snapshot.task_failure
+    assert failure is not None and failure.error_type == LimitExceededError.__name__
+    return failure.message
+
+
 def test_a_workflow_that_always_continues_stops_at_the_hop_limit(
     store: EventStore, clock: FakeClock
 ) -> None:
     engine = FlowEngine(
         store, make_runtime(forever), clock=clock, builds=BUILDS, max_continuations=5
     )
-    with pytest.raises(LimitExceededError) as caught:
-        run(engine.start("root", SPEC, {"n": 0}))
-    message = str(caught.value)
+    leaf = run(engine.start("root", SPEC, {"n": 0}))
+    message = hop_refusal(leaf)
     assert "hop 6" in message and "root root" in message and "max_continuations=5" in message
     chain = engine.continuation_chain("root")
     assert len(chain) == 6 and sorted(engine.list_runs()) == sorted(chain)
-    last = chain[-1]
-    assert caught.value.run_id == last
-    # Nothing was appended for the refused hop: the last run has no link and no successor.
-    assert event_types(store.read(last)) == ["run_created", "run_started"]
-    with pytest.raises(LimitExceededError):  # a retry is refused the same way, writing nothing
-        run(engine.drive("root"))
+    assert leaf.run_id == chain[-1] and leaf.status is RunStatus.RUNNING
+    # The refused hop appended no link: the last run records why it is not moving.
+    assert event_types(store.read(leaf.run_id)) == [
+        "run_created",
+        "run_started",
+        "workflow_task_failed",
+    ]
+    retried = run(engine.drive("root", retry_task=True))  # refused again, and recorded again
+    assert retried.task_failure is not None and retried.task_failure.attempt == 2
     assert len(engine.list_runs()) == 6
 
 
@@ -254,15 +263,11 @@ def test_the_limit_applies_to_growth_and_a_higher_one_lets_the_chain_go_on(
             store, make_runtime(forever), clock=clock, builds=BUILDS, max_continuations=limit
         )
 
-    with pytest.raises(LimitExceededError):
-        run(engine(4).start("root", SPEC, {"n": 0}))
+    assert "hop 5" in hop_refusal(run(engine(4).start("root", SPEC, {"n": 0})))
     assert len(engine(4).continuation_chain("root")) == 5
-    with pytest.raises(LimitExceededError) as caught:  # a chain past a lowered limit is walked
-        run(engine(2).drive("root"))
-    assert "hop 5" in str(caught.value)
-    with pytest.raises(LimitExceededError) as caught:
-        run(engine(6).drive("root"))
-    assert "hop 7" in str(caught.value)
+    # A chain longer than a lowered limit is still walked; it cannot grow.
+    assert "hop 5" in hop_refusal(run(engine(2).drive("root", retry_task=True)))
+    assert "hop 7" in hop_refusal(run(engine(6).drive("root", retry_task=True)))
     assert len(engine(2).continuation_chain("root")) == 7
 
 

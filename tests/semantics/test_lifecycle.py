@@ -8,7 +8,6 @@ from pydantic import ValidationError
 from flowstream.engine import RuntimeBuilds
 from flowstream.errors import (
     InvalidTransitionError,
-    LimitExceededError,
     RunConflictError,
     RuntimeBuildUnavailableError,
 )
@@ -322,11 +321,14 @@ def test_the_child_depth_limit_refuses_a_request_before_appending(
         return ctx.complete(outcome.type)
 
     engine, _ = engine_for(store, clock, nesting, max_child_depth=2)
-    with pytest.raises(LimitExceededError, match="depth would exceed 2"):
-        run(engine.start("r1", SPEC))
+    run(engine.start("r1", SPEC))
     child = engine.snapshot(engine.snapshot("r1").children["c"].run_id)  # depth 1
     grandchild = engine.snapshot(child.children["c"].run_id)  # depth 2, the deepest allowed
-    assert grandchild.children == {} and types_of(store, grandchild.run_id)[-1] == "run_started"
+    # The refusal is the grandchild's workflow-task failure, recorded instead of its request.
+    assert grandchild.children == {} and grandchild.task_failure is not None
+    assert grandchild.task_failure.error_type == "LimitExceededError"
+    assert "depth would exceed 2" in grandchild.task_failure.message
+    assert types_of(store, grandchild.run_id)[-2:] == ["run_started", "workflow_task_failed"]
     default, _ = engine_for(store, clock, nesting)
     assert default._max_child_depth == 32
 
