@@ -414,6 +414,23 @@ def test_a_cancellation_request_makes_pre_existing_work_non_actionable(store: Ev
         decide(state, RuntimeCommand.schedule_step("running", "work"), EPOCH)
 
 
+def test_an_outcome_of_work_the_request_cancelled_is_dropped(
+    store: EventStore, clock: FakeClock
+) -> None:
+    """§5.5: pre-request work is non-actionable: the outcome of an attempt that was running when
+    the request arrived is dropped (the history is the authority, not the handler)."""
+    begin(
+        store,
+        StepCreated(step_id="s", step_name="work"),
+        StepStarted(step_id="s", attempt=1),
+        RunCancellationRequested(reason="stop"),
+    )
+    engine, _ = engine_for(store, clock, lambda ctx: ctx.cancel())
+    before = store.read("r1")
+    assert run(engine.record_step_outcome("r1", "s", 1, output="late")) is False
+    assert store.read("r1") == before
+
+
 def test_a_direct_cancel_leaves_suspensions_but_inspection_skips_them(
     store: EventStore, clock: FakeClock
 ) -> None:
