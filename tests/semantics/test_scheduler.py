@@ -238,6 +238,30 @@ def test_a_signal_id_is_delivered_once_and_cannot_change(
         run(engine.send_signal("r1", "sig-1", "go", 2))
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="defect: a redelivered signal or hook payload is compared with Python == (true == 1 "
+    "== 1.0), not exact JSON equality (engine/inputs.py, liveness)",
+    raises=pytest.fail.Exception,  # DID NOT RAISE: the redelivery passed as a duplicate
+)
+@pytest.mark.parametrize("entry", ["signal", "hook"])
+def test_a_redelivery_with_other_json_is_a_conflict(
+    store: EventStore, clock: FakeClock, entry: str
+) -> None:
+    """§5.2 / §13: identity comparisons are exact JSON equality, so a redelivery whose payload
+    is 1 where the durable one is true carries other content: a conflict, not a duplicate."""
+    engine, _ = engine_for(store, clock, hooked)
+    run(engine.start("r1", SPEC))
+    if entry == "signal":
+        run(engine.send_signal("r1", "s1", "go", True))
+        again = engine.send_signal("r1", "s1", "go", 1)
+    else:
+        run(engine.resume_hook("r1", "h", True))
+        again = engine.resume_hook("r1", "h", 1)
+    with pytest.raises(RunConflictError):
+        run(again)
+
+
 # -- hooks ---------------------------------------------------------------------------------------
 
 
