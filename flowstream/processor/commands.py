@@ -189,6 +189,11 @@ class CommandHandler:
                 case ResolveChild():
                     await self._resolve_child(task, command)
         except (RuntimeBuildUnavailableError, WorkflowNotServedError) as exc:
+            if isinstance(command, FireTimer):
+                # Not parked: the wakeup stays indexed and fires again, here every
+                # ``timer_refire_ms`` (so parking would pile up copies) and at once for an owner
+                # that serves the run.
+                return
             # Another member (or the next deployment) may serve it: wait, with the reason.
             self.ctx.metrics.parked_for_build.inc()
             raise Park(str(exc)) from exc

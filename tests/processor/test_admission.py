@@ -184,3 +184,30 @@ def test_a_child_whose_input_does_not_validate_fails_for_its_parent_and_is_never
     kid = client.snapshot("family-bad", timeout=10).children["k"].run_id
     with pytest.raises(RunNotFoundError):
         client.history(kid, timeout=10)
+
+
+def test_a_due_timer_of_a_run_not_served_here_is_not_parked_and_fires_for_its_owner(
+    cluster: Cluster,
+) -> None:
+    """The wakeup stays indexed and fires again (every ``timer_refire_ms``): parking each firing
+    would pile up copies in the inbox for as long as the wrong deployment owns the partition."""
+    client = cluster.client
+    cluster.start("w1")
+    client.start("timed-1", THREE_STEPS, {"timer_ms": 1500})
+    client.flush()
+
+    def waiting() -> bool:
+        try:
+            return "pause" in client.snapshot("timed-1", timeout=10).waits
+        except RunNotFoundError:
+            return False
+
+    wait_until(waiting, 60, "the run never waited on its timer")
+    cluster.workers.pop("w1").stop()
+    cluster.start("order-only", app=ORDER_APP, extra_env={"FLOWSTREAM_TIMER_REFIRE_MS": "300"})
+    time.sleep(5)  # the timer is due: it fires again and again here, unserved
+    assert client.parked("timed-1", timeout=10) == []
+    assert client.snapshot("timed-1", timeout=10).status.value == "suspended"
+    cluster.workers.pop("order-only").stop()
+    cluster.start("w1")
+    assert client.wait("timed-1", timeout=60).status.value == "completed", cluster.logs()
