@@ -32,7 +32,7 @@ from flowstream.model.commands import RuntimeCommand
 from flowstream.model.spec import WorkflowSpec
 from flowstream.replay.context import StepInvocation, WorkflowInvocation
 
-__all__ = ["DeclaresWorkflows", "FlowRuntime", "check_input", "check_served"]
+__all__ = ["DeclaresWorkflows", "FlowRuntime", "check_input", "check_served", "serves"]
 
 
 @runtime_checkable
@@ -61,6 +61,12 @@ def _declared(runtime: object) -> Mapping[str, type[BaseModel] | None] | None:
         return declared
     kind = type(runtime).__name__
     raise TypeError(f"{kind}.workflow_inputs must map workflow names to input models or None")
+
+
+def serves(runtime: object, name: str) -> bool:
+    """Whether ``runtime`` runs workflows called ``name`` (every name, if it declares none)."""
+    declared = _declared(runtime)
+    return declared is None or name in declared
 
 
 def check_served(runtime: object, run_id: str, spec: WorkflowSpec) -> None:

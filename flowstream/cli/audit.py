@@ -23,7 +23,7 @@ from flowstream.cli.worker import runtimes_from
 from flowstream.model.events import EventEnvelope
 from flowstream.model.spec import WorkflowSpec
 from flowstream.replay.audit import RunAudit, audit_history
-from flowstream.runtime import FlowRuntime
+from flowstream.runtime import FlowRuntime, serves
 from flowstream.settings import Settings
 from flowstream.wire import BadRecord
 
@@ -95,7 +95,8 @@ def _audit(args: argparse.Namespace) -> int:
     runtimes = runtimes_from(args.app or "flowstream.examples.order:runtime", args.build)
 
     def runtime_for(spec: WorkflowSpec) -> FlowRuntime | None:
-        return runtimes.get(spec.runtime_build_id)
+        runtime = runtimes.get(spec.runtime_build_id)
+        return runtime if runtime is not None and serves(runtime, spec.name) else None
 
     unreadable: list[BadRecord] = []
     if args.data:

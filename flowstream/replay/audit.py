@@ -108,7 +108,8 @@ async def audit_history(
     state = RunState.first(history[0])
     runtime = runtime_for(state.spec)
     if runtime is None:
-        report.skipped = f"no runtime serves build {state.spec.runtime_build_id or '<unpinned>'}"
+        build = state.spec.runtime_build_id or "<unpinned>"
+        report.skipped = f"no runtime given serves workflow {state.spec.name} of build {build}"
         return report
     index = 1
     while index < len(history):

@@ -58,3 +58,18 @@ def test_commands_on_a_run_of_another_workflow_append_nothing(
     served = ["--data", str(data), "--app", "tests.processor.apps:runtime"]
     assert main(["signal", "other-1", "go", "--id", "g1", *served]) == 0
     assert history(data, "other-1")[len(before)] == "signal_received"
+
+
+def test_audit_skips_the_runs_of_workflows_its_runtime_does_not_serve(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Replaying another workflow's history with the example's code would report decisions
+    that differ; the audit says which code it lacked instead."""
+    data = tmp_path / "data"
+    start(data, "other-1", OTHER, {})
+    capsys.readouterr()
+    assert main(["audit", "--data", str(data)]) == 0
+    out = capsys.readouterr().out
+    assert "other-1: skipped (no runtime given serves workflow three-steps" in out, out
+    assert main(["audit", "--data", str(data), "--app", "tests.processor.apps:runtime"]) == 0
+    assert "other-1: ok" in capsys.readouterr().out
