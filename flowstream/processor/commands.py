@@ -220,6 +220,9 @@ class CommandHandler:
         if not task.store.exists(command.run_id):
             raise RunNotFoundError(command.run_id)
         state = task.store.state(command.run_id)
+        if task.engine.forward_retry(state.run_id):
+            LOG.info("run %s continued as new: the retry goes on to its successor", state.run_id)
+            return
         if state.is_terminal:
             LOG.info("run %s: retry asked, but it is %s", state.run_id, state.status.value)
             return

@@ -7,8 +7,9 @@ It differs from ``FlowEngine`` only where a run touches the world outside its pa
 * child runs and continuation successors may live on other partitions, so they are started by
   producing ``StartRun`` messages, and a finished child reports to its parent with
   ``ResolveChild``; nothing here reads or writes another partition's state;
-* so a signal or cancellation for a run that continued as new is forwarded to its successor,
-  and a forced cancellation reaches a child elsewhere by a forced ``CancelRun``;
+* so a signal, a cancellation or an operator's retry for a run that continued as new is
+  forwarded to its successor, and a forced cancellation reaches a child elsewhere by a forced
+  ``CancelRun``;
 * several runtime builds may be served at once, one ``FlowRuntime`` per build id.
 """
 
@@ -26,6 +27,7 @@ from flowstream.model.messages import (
     CancelRun,
     CommandMessage,
     ResolveChild,
+    RetryRun,
     SendSignal,
     StartRun,
 )
@@ -160,6 +162,14 @@ class PartitionEngine(FlowEngine):
                 run_id=run_id,
             )
         return successor
+
+    def forward_retry(self, run_id: str) -> bool:
+        """An operator's retry of a run that continued as new goes on to its successor; True
+        when it did."""
+        successor = self._successor_for_commands(run_id)
+        if successor is not None:
+            self._emit(RetryRun(run_id=successor))
+        return successor is not None
 
     async def send_signal(
         self, run_id: str, signal_id: str, name: str, payload: JSON = None

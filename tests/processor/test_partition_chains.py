@@ -19,7 +19,14 @@ from flowstream.model.events import (
     RunCreated,
     RunStarted,
 )
-from flowstream.model.messages import CancelRun, CommandMessage, ResolveChild, SendSignal, StartRun
+from flowstream.model.messages import (
+    CancelRun,
+    CommandMessage,
+    ResolveChild,
+    RetryRun,
+    SendSignal,
+    StartRun,
+)
 from flowstream.processor.engine import PartitionEngine
 from flowstream.replay.context import WorkflowContext
 from flowstream.replay.decide import derived_run_id
@@ -164,7 +171,7 @@ def continued_root(store: MemoryEventStore) -> str:
     return successor
 
 
-def test_signals_and_cancellations_for_a_continued_run_go_on_to_its_successor() -> None:
+def test_signals_cancellations_and_retries_for_a_continued_run_go_on_to_its_successor() -> None:
     store = MemoryEventStore()
     successor = continued_root(store)
     sent: list[CommandMessage] = []
@@ -172,11 +179,14 @@ def test_signals_and_cancellations_for_a_continued_run_go_on_to_its_successor() 
     run(engine.send_signal("root", "s1", "go", 7))
     run(engine.request_cancellation("root", "stop"))
     run(engine.force_cancel("root", "now"))
+    assert engine.forward_retry("root")
     assert sent == [
         SendSignal(run_id=successor, signal_id="s1", name="go", payload=7),
         CancelRun(run_id=successor, reason="stop"),
         CancelRun(run_id=successor, reason="now", force=True),
+        RetryRun(run_id=successor),
     ]
+    assert not engine.forward_retry(successor)  # not created here yet: nothing to follow
     assert len(store.read("root")) == 3
 
 
