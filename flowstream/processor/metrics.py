@@ -48,6 +48,11 @@ class ProcessorMetrics:
             "Decisions whose workflow code (or the engine around it) raised, by run",
             registry=r,
         )
+        self.runs_repaired = Counter(
+            "flowstream_runs_repaired",
+            "Runs the liveness scan found waiting on nothing (stalled) and drove on",
+            registry=r,
+        )
         self.quarantined_runs = Gauge(
             "flowstream_quarantined_runs",
             "Runs of the owned partitions whose history cannot be read completely",

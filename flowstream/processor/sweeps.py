@@ -1,10 +1,19 @@
 """``Sweeper``: the runs a partition must drive after its restore or an abort, and its inbox
 retried after the restore, a budget of them per loop iteration (so no sweep holds a
-transaction open past its timeout, and commands keep flowing meanwhile)."""
+transaction open past its timeout, and commands keep flowing meanwhile).
+
+It also runs the liveness scan (``scan``): every ``SCAN_INTERVAL_S`` each active partition
+whose sweep is done looks at the next ``SCAN_BUDGET`` of its open runs (a cursor through the
+store's open-runs index, from the start again at the end) and queues the stalled ones, the runs
+nothing will move unless driven; each such drive that goes through counts in
+``flowstream_runs_repaired``. A repair whose drive raised is not tried again by the scan until
+its run has changed (its code fails on it; the next input or owner tries it).
+"""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 from flowstream.model.snapshot import StepStatus
 from flowstream.processor.boundary import FailureBoundary
@@ -19,6 +28,22 @@ __all__ = ["Sweeper"]
 #: Runs driven (or parked commands retried) per iteration, and the time that may take.
 RUN_BUDGET = 200
 TIME_BUDGET_S = 0.05
+#: How often a partition's open runs are scanned for stalled ones, and how many per scan.
+SCAN_INTERVAL_S = 5.0
+SCAN_BUDGET = 200
+
+
+@dataclass(eq=False, slots=True)
+class _Scan:
+    """Where the liveness scan of one owned partition stands."""
+
+    task: PartitionTask
+    due: float
+    cursor: str | None = None
+    #: Runs the scan queued, not driven yet.
+    queued: set[str] = field(default_factory=set)
+    #: Runs whose repair raised, with the last sequence they had then.
+    failed: dict[str, int] = field(default_factory=dict)
 
 
 class Sweeper:
@@ -37,6 +62,41 @@ class Sweeper:
         self.tasks = tasks
         self.boundary = boundary
         self.inbox = inbox
+        self._scans: dict[int, _Scan] = {}
+
+    def scan(self) -> None:
+        """Queue the stalled runs among the next open runs of each partition that is due."""
+        now = time.monotonic()
+        active = self.tasks.active()
+        for partition in set(self._scans) - {t.partition for t in active}:
+            del self._scans[partition]
+        for task in active:
+            scan = self._scans.get(task.partition)
+            if scan is None or scan.task is not task:  # newly owned: its restore sweep first
+                self._scans[task.partition] = _Scan(task, now + SCAN_INTERVAL_S)
+                continue
+            if now < scan.due or task.to_drive or task.to_retry:
+                continue
+            scan.due = now + SCAN_INTERVAL_S
+            found = task.engine.find_stalled(
+                after=scan.cursor, budget_runs=SCAN_BUDGET, now=self.ctx.clock()
+            )
+            scan.cursor = found.cursor
+            store = task.store
+            if found.cursor is None:  # a lap ended: forget the failures of runs moved since
+                scan.failed = {
+                    r: last
+                    for r, last in scan.failed.items()
+                    if store.exists(r) and store.state(r).last_sequence == last
+                }
+            for run_id in found.stalled:
+                if store.quarantined(run_id):
+                    continue
+                if scan.failed.get(run_id) == store.state(run_id).last_sequence:
+                    continue
+                scan.failed.pop(run_id, None)
+                scan.queued.add(run_id)
+                task.to_drive.append(run_id)
 
     def pending(self) -> bool:
         return any(t.to_drive or t.to_retry for t in self.tasks.active())
@@ -57,13 +117,21 @@ class Sweeper:
 
     async def _drive(self, task: PartitionTask, run_id: str) -> None:
         store = task.store
+        scan = self._scans.get(task.partition)
+        repair = scan is not None and scan.task is task and run_id in scan.queued
+        if repair and scan is not None:
+            scan.queued.discard(run_id)
         if not store.exists(run_id) or store.quarantined(run_id):
             return  # a run whose start an abort threw away, or one not to touch
         # What the sweep drives (a run a restore found waiting on nothing, one an abort or a
         # failed command left, an operator's RetryRun) retries a failed workflow task at once.
         work = task.engine.advance(run_id, retry_task=True)
         if not await self.boundary.guard(task, run_id, work):
+            if repair and scan is not None and store.exists(run_id):
+                scan.failed[run_id] = store.state(run_id).last_sequence
             return
+        if repair:
+            self.ctx.metrics.runs_repaired.inc()
         state = store.state(run_id)
         if state.is_terminal or not is_suspended(state, self.ctx.clock()):
             return

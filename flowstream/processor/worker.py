@@ -9,7 +9,8 @@ It builds the clients and the parts, runs the loop and shuts down. One iteration
 3. restore newly assigned partitions from the events topic, a bounded slice (``StateRestorer``);
 4. apply each command inside the open transaction (``CommandHandler``);
 5. record step outcomes that came back, and drive their runs (``StepRunner``);
-6. drive a budget of the runs a restore or an abort left to drive (``Sweeper``);
+6. queue the stalled runs of a budgeted liveness scan, and drive a budget of the runs a
+   restore, an abort or the scan left to drive (``Sweeper``);
 7. fire a budget of due timers (``TimerPunctuator``), and every so often dead-letter the
    commands parked past their time-to-live (``Inbox.expire``);
 8. seal the open transaction when nothing more is about to join it (``TransactionPipeline``).
@@ -158,6 +159,7 @@ class Processor:
                 break
             await self.commands.handle(message)
         await self.steps.chain(deadline=until)
+        self.sweeper.scan()
         if self.sweeper.pending() and time.monotonic() < until:
             await self.sweeper.sweep()
         self.timers.fire()
