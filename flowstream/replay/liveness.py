@@ -29,7 +29,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from flowstream.model.snapshot import RunStatus, StepStatus
-from flowstream.replay.decide import engine_repair
+from flowstream.replay.decide import engine_repair, is_suspended
 from flowstream.replay.state import RunState
 
 __all__ = ["Condition", "ConditionKind", "condition", "stalled"]
@@ -116,6 +116,8 @@ def condition(
         return Condition(
             ConditionKind.RUNNING_STEP, run_id, _listed(parts), subjects=tuple(running)
         )
+    if not is_suspended(state, now) and not state.due_retries(now):
+        return stalled(run_id)  # a decision is due (a step to start, say) and none comes
     deadlines = sorted(state.wakeups(), key=lambda w: (w.due, w.subject_id))
     if deadlines:
         parts = []
@@ -150,13 +152,11 @@ def condition(
 
 
 def _failing(state: RunState) -> Condition | None:
-    # ``task_failure`` (a workflow task that raised) is recorded by its own event; read it by
-    # name so this module does not depend on the order the two land in.
-    failure = getattr(state, "task_failure", None)
+    failure = state.task_failure
     if failure is None:
         return None
     error = f"{failure.error_type} {failure.message}".strip()
-    retry_at: datetime | None = failure.retry_at
+    retry_at = failure.retry_at
     if retry_at is None:
         when = f"automatic retries exhausted; fix it and run `flowstream drive {state.run_id}`"
     else:

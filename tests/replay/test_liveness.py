@@ -3,7 +3,6 @@ a run nothing will move is ``NEEDS_DRIVE`` (the liveness invariant's violation).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import pytest
@@ -25,6 +24,7 @@ from flowstream.model.events import (
     StepStarted,
     WaitCompleted,
     WaitCreated,
+    WorkflowTaskFailed,
 )
 from flowstream.model.spec import RetryPolicy
 from flowstream.replay.decide import engine_repair, is_suspended, token_digest
@@ -155,14 +155,6 @@ def test_a_run_whose_build_is_not_admitted_is_parked() -> None:
     assert condition(state_of(workflow=PINNED), EPOCH, admits=lambda b: True).is_stalled
 
 
-@dataclass
-class _Failure:
-    attempt: int
-    error_type: str
-    message: str
-    retry_at: datetime | None
-
-
 @pytest.mark.parametrize(
     ("retry_at", "tail"),
     [
@@ -173,20 +165,21 @@ class _Failure:
 def test_a_failing_workflow_task_says_its_error_and_next_retry(
     retry_at: datetime | None, tail: str
 ) -> None:
-    state = state_of()
-    failure = _Failure(3, "KeyError", "'x'", retry_at)
-    found = condition(_WithFailure(state, failure), EPOCH)  # type: ignore[arg-type]
+    failed = WorkflowTaskFailed(attempt=1, error_type="KeyError", message="'x'", retry_at=retry_at)
+    found = condition(state_of(failed), EPOCH)
     assert found.kind is ConditionKind.FAILING
-    assert found.describe() == f"failing: KeyError 'x' (attempt 3, {tail}"
+    assert found.describe() == f"failing: KeyError 'x' (attempt 1, {tail}"
     assert found.due == retry_at
 
 
-class _WithFailure:
-    """A state with a ``task_failure`` (the record of the workflow-task failure part)."""
-
-    def __init__(self, state: RunState, failure: _Failure) -> None:
-        self._state = state
-        self.task_failure = failure
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._state, name)
+def test_a_step_to_start_beside_a_delayed_retry_is_stalled_until_a_decision() -> None:
+    immediate = StepCreated(step_id="now", step_name="now", retry=RetryPolicy.fixed(3, 0))
+    state = state_of(
+        STEP,
+        immediate,
+        StepStarted(step_id="charge", attempt=1),
+        StepStarted(step_id="now", attempt=1),
+        StepRetrying(step_id="charge", attempt=1, error="boom", retry_after=DUE),
+        StepRetrying(step_id="now", attempt=1, error="boom"),
+    )
+    assert condition(state, EPOCH).is_stalled
