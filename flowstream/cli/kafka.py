@@ -28,6 +28,7 @@ import importlib
 import sys
 import time
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,8 @@ from flowstream.kafka import clients
 from flowstream.model.base import JSON
 from flowstream.model.snapshot import RunStatus, WorkflowRunSnapshot
 from flowstream.model.spec import WorkflowSpec
+from flowstream.replay.liveness import condition
+from flowstream.replay.state import RunState
 from flowstream.settings import Settings
 from flowstream.topology import (
     CMD_CANCEL,
@@ -331,12 +334,16 @@ def _wait(args: argparse.Namespace, client: FlowClient) -> int:
 
 
 def _status(args: argparse.Namespace, client: FlowClient) -> int:
-    """The run's snapshot, plus the commands parked for it (e.g. waiting for its build)."""
+    """The run's snapshot with its condition line, plus the commands parked for it (e.g.
+    waiting for its build)."""
     waiting = client.parked(args.run_id, timeout=args.timeout)
     try:
-        shown: dict[str, Any] = client.snapshot(args.run_id, timeout=args.timeout).model_dump(
-            mode="json"
-        )
+        state = RunState.from_history(client.history(args.run_id, timeout=args.timeout))
+        shown: dict[str, Any] = state.snapshot().model_dump(mode="json")
+        # Why the run is (not) moving, in one line (as the topic shows it; its owner's scan
+        # drives a stalled run on).
+        found = condition(state, datetime.now(UTC))
+        shown["condition"] = found.describe(drive_command="flowstream kafka retry")
     except RunNotFoundError:
         if not waiting:
             raise

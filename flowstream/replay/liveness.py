@@ -62,8 +62,9 @@ class Condition:
         """Nothing will move the run unless it is driven."""
         return self.kind is ConditionKind.NEEDS_DRIVE
 
-    def describe(self) -> str:
-        return self.text
+    def describe(self, *, drive_command: str = "flowstream drive") -> str:
+        """The line; a host whose operators drive a run with another command names it."""
+        return self.text.replace("`flowstream drive ", f"`{drive_command} ")
 
 
 def stalled(run_id: str, reason: str = "nothing will move it") -> Condition:

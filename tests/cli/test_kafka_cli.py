@@ -163,6 +163,7 @@ def test_an_order_run_is_driven_through_the_cli_alone(cli: Cli, deployment: Depl
     )
     assert waiting["status"] == "suspended"
     assert waiting["steps"]["charge"]["attempt"] == 2  # failed once, retried after its delay
+    assert waiting["condition"] == "waiting for hook approval"
 
     hooked = cli("hook", "--token-stdin", "--payload", '{"manager": "dana"}', stdin=f"{token}\n")
     assert (hooked.code, hooked.out) == (0, "sent hook resumption by token\n")
@@ -201,6 +202,7 @@ def test_an_order_run_is_driven_through_the_cli_alone(cli: Cli, deployment: Depl
     final = cli("status", run_id)
     assert final.code == 0 and final.json()["status"] == "completed"
     assert final.json()["output"] == waited.json()
+    assert final.json()["condition"] == "completed"
 
     keys = history_keys(cli("history", run_id))
     assert keys[:2] == ["flow.run.created", "flow.run.started"]
