@@ -20,7 +20,7 @@ from flowstream.errors import (
     InvalidTransitionError,
     RunConflictError,
 )
-from flowstream.model.base import JSON
+from flowstream.model.base import JSON, json_equal
 from flowstream.model.events import HookDisposed, HookReceived, SignalReceived, WaitCompleted
 from flowstream.model.snapshot import HookStatus, WaitStatus, WorkflowRunSnapshot
 from flowstream.replay.decide import token_digest
@@ -129,7 +129,7 @@ class RunInputs(Liveness):
             state = await self._leaf(run_id)
             existing = state.signals.get(signal_id)
             if existing is not None:
-                if existing.name == name and existing.payload == payload:
+                if existing.name == name and json_equal(existing.payload, payload):
                     return await self._redelivered(state, self._clock())
                 raise RunConflictError(
                     f"run {state.run_id}: signal {signal_id} was already received with "
@@ -163,7 +163,7 @@ class RunInputs(Liveness):
             if hook is None:
                 raise InvalidTransitionError(f"hook {hook_id} does not exist", run_id=run_id)
             if hook.received:
-                if hook.payload == payload:
+                if json_equal(hook.payload, payload):
                     return await self._redelivered(state, self._clock())
                 raise RunConflictError(
                     f"run {run_id}: hook {hook_id} was already resumed with another payload",

@@ -238,12 +238,6 @@ def test_a_signal_id_is_delivered_once_and_cannot_change(
         run(engine.send_signal("r1", "sig-1", "go", 2))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: a redelivered signal or hook payload is compared with Python == (true == 1 "
-    "== 1.0), not exact JSON equality (engine/inputs.py, liveness)",
-    raises=pytest.fail.Exception,  # DID NOT RAISE: the redelivery passed as a duplicate
-)
 @pytest.mark.parametrize("entry", ["signal", "hook"])
 def test_a_redelivery_with_other_json_is_a_conflict(
     store: EventStore, clock: FakeClock, entry: str
