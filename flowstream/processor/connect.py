@@ -39,7 +39,11 @@ def connect_clients(processor: Processor) -> None:
     session_ms = session_timeout_ms(s, admin, brokers)
     refuse_instance_in_use(s, admin, session_ms)
     processor.pipeline.start()
-    processor.tasks.fence = OwnerFence(ctx, admin)
+    processor.tasks.fence = OwnerFence(
+        ctx,
+        # Reads the group's positions without waiting for stable ones; never joins the group.
+        lambda: clients.new_consumer(s.bootstrap, s.group, {"isolation.level": "read_uncommitted"}),
+    )
     consumer = clients.new_consumer(
         s.bootstrap,
         s.group,

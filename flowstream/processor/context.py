@@ -22,7 +22,7 @@ from flowstream.model.messages import (
 from flowstream.partitioning import partition_for
 from flowstream.processor.metrics import ProcessorMetrics
 from flowstream.processor.txn.pipeline import TransactionPipeline
-from flowstream.processor.txn.slot import Record
+from flowstream.processor.txn.slot import Record, new_writer
 from flowstream.replay.decide import token_digest
 from flowstream.settings import Settings
 from flowstream.stores.base import Clock
@@ -73,8 +73,12 @@ class Context:
     pipeline: TransactionPipeline = field(init=False)
     #: The dead-letter topic's real partition count (read from the cluster at start).
     deadletter_partitions: int = 1
+    #: Who writes this member's transactions: ``<instance>/<token>``, a new token each time
+    #: the member loses its partitions (``fence``).
+    writer: str = field(init=False)
 
     def __post_init__(self) -> None:
+        self.writer = new_writer(self.settings.instance_id)
         self.topics = self.topology.names(self.settings.topic_prefix)
         self.partitions = self.topology.run_partitions
 

@@ -1,35 +1,37 @@
-"""``OwnerFence``: on taking partitions, abort what their previous owner left open, if it is gone.
+"""``OwnerFence``: on taking partitions, abort what their previous writer left open.
 
 A member that dies with a transaction open holds back the partitions that transaction touched:
-its records on the events topic hold the last stable offset, and the consumer positions it
+its records hold each events partition's last stable offset, and the consumer positions it
 sent are a pending offset commit, so the next owner's ``committed()`` (a ``read_committed``
 consumer asks for stable offsets) waits. Left alone, the coordinator aborts the transaction
 once it is ``transaction.timeout.ms`` old, and failover takes at least that long.
 
-Every transaction names its writer in the metadata of the positions it commits (the instance
-id). On an assignment the new owner reads the last committed positions without waiting for
-stable ones (an admin call), and for each previous owner that is not a member of the group any
-more it initialises that owner's transactional ids itself: the coordinator aborts what they had
-open and fences the dead producers (a paused one, woken later, finds itself fenced and
-rejoins). That is all it does; if it fails (the owner is unknown, the coordinator is moving),
-the coordinator's timeout still ends the transaction, later.
-
-An owner still in the group is never fenced: its partitions moved in a rebalance, and it
-committed what it had before giving them up.
+So every position a transaction commits names its writer (``<instance>/<token>``, the
+``metadata`` of the offset), and the writer's two producers have transactional ids made from it
+(``txn.slot.transactional_ids``). A member gets a new writer, so new producers, each time it
+loses its partitions (revoked or lost: ``TransactionPipeline.retire``). On an assignment the new
+owner reads the last committed positions without waiting for stable ones (a
+``read_uncommitted`` client of the group, which never joins it), and initialises the
+transactional ids of every writer it finds that is not its own: the coordinator aborts what
+they had open and fences those producers. A dead or paused member's transaction ends at once;
+a live member that gave the partitions up in a rebalance committed first and writes under a new
+writer since, so fencing its old ids costs it nothing. If the lookup fails, the coordinator's
+timeout still ends the transaction, later.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from flowstream.kafka import clients
 from flowstream.processor.context import Context
+from flowstream.processor.txn.slot import transactional_ids
 
-__all__ = ["OwnerFence", "transactional_ids"]
+__all__ = ["OwnerFence"]
 
 LOG = logging.getLogger("flowstream.processor")
 
@@ -37,75 +39,50 @@ LOG = logging.getLogger("flowstream.processor")
 _FENCE_S = 10.0
 
 
-def transactional_ids(group: str, instance: str) -> list[str]:
-    """The transactional ids of the two producers of ``instance`` in ``group``:
-    ``<group>/<instance>`` and ``<group>/<instance>#1``. An instance id has neither ``/`` nor
-    ``#`` (``Settings``), so no two pairs (group, instance) share an id."""
-    return [f"{group}/{instance}", f"{group}/{instance}#1"]
-
-
 class OwnerFence:
-    """Fences the transactional ids of a dead previous owner of the partitions taken."""
+    """Fences the transactional ids of the previous writers of the partitions taken."""
 
-    def __init__(self, ctx: Context, admin: Any) -> None:
+    def __init__(self, ctx: Context, new_reader: Callable[[], Any]) -> None:
         self.ctx = ctx
-        self.admin = admin
-        #: Instances fenced by this member (for tests and the log).
+        self._new_reader = new_reader
+        self._reader: Any = None
+        #: Writers fenced by this member (for tests and the log).
         self.fenced: list[str] = []
+        #: Every writer id this member has had: never fenced by it.
+        self.mine: set[str] = set()
 
-    def previous_owners(self, assigned: Iterable[Any]) -> set[str]:
-        """The instances that wrote the last committed positions of ``assigned``."""
-        s = self.ctx.settings
-        wanted = {(tp.topic, tp.partition) for tp in assigned}
-        request = clients.ConsumerGroupTopicPartitions(
-            s.group, [clients.TopicPartition(t, p) for t, p in sorted(wanted)]
-        )
-        found = self.admin.list_consumer_group_offsets(
-            [request], require_stable=False, request_timeout=5
-        )[s.group].result(8)
-        return {
-            tp.metadata
-            for tp in found.topic_partitions
-            if tp.metadata and tp.metadata != s.instance_id and tp.offset >= 0
-        }
-
-    def live_instances(self) -> set[str]:
-        """The instance ids of the group's members (their client id is ``<group>/<instance>``)."""
-        group = self.ctx.settings.group
-        found = self.admin.describe_consumer_groups([group], request_timeout=5)[group].result(8)
-        prefix = f"{group}/"
-        return {
-            m.client_id[len(prefix) :]
-            for m in getattr(found, "members", [])
-            if m.client_id.startswith(prefix)
-        }
+    def previous_writers(self, assigned: list[Any]) -> set[str]:
+        """The writers of the last committed positions of ``assigned`` that are not this
+        member's."""
+        if self._reader is None:
+            self._reader = self._new_reader()
+        self.mine.add(self.ctx.writer)
+        wanted = [clients.TopicPartition(tp.topic, tp.partition) for tp in assigned]
+        found = self._reader.committed(wanted, timeout=5)
+        return {tp.metadata for tp in found if tp.metadata and tp.metadata not in self.mine}
 
     def fence(self, assigned: list[Any]) -> None:
-        """Abort what a gone previous owner of ``assigned`` left open; never raises."""
+        """Abort what the previous writers of ``assigned`` left open; never raises."""
         began = time.monotonic()
         try:
-            owners = self.previous_owners(assigned)
-            if owners:
-                owners -= self.live_instances()
-        except Exception as exc:  # a liveness shortcut only: the timeout still applies
-            LOG.info("previous owners not looked up (%s): not fenced", exc)
+            writers = self.previous_writers(assigned)
+        except clients.KafkaException as exc:  # a shortcut only: the timeout still applies
+            LOG.info("previous writers not read (%s): not fenced", exc)
             return
-        if not owners:
+        if not writers:
             return
-        ids = [
-            t for owner in sorted(owners) for t in transactional_ids(self.ctx.settings.group, owner)
-        ]
+        group = self.ctx.settings.group
+        ids = [t for writer in sorted(writers) for t in transactional_ids(group, writer)]
         with ThreadPoolExecutor(max_workers=len(ids), thread_name_prefix="fence") as pool:
             done = list(pool.map(self._fence_one, ids))
-        fenced = [i for i, ok in zip(ids, done, strict=True) if ok]
-        self.fenced.extend(sorted(owners))
-        self.ctx.metrics.owner_fences.inc(len(owners))
+        self.fenced.extend(sorted(writers))
+        self.ctx.metrics.owner_fences.inc(len(writers))
         LOG.info(
-            "fenced the transactional ids of %s (previous owners, gone from the group) in "
-            "%.2f s: %d of %d",
-            ", ".join(sorted(owners)),
+            "fenced the transactional ids of %s (previous writers of the partitions taken) "
+            "in %.2f s: %d of %d",
+            ", ".join(sorted(writers)),
             time.monotonic() - began,
-            len(fenced),
+            sum(done),
             len(ids),
         )
 
@@ -121,3 +98,8 @@ class OwnerFence:
             return False
         finally:
             producer.flush(0)
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None

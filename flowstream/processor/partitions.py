@@ -13,10 +13,9 @@ from flowstream.model.events import EventEnvelope, HookCreated
 from flowstream.model.messages import RegisterHookToken
 from flowstream.processor.connect import debug_config
 from flowstream.processor.engine import PartitionEngine
-from flowstream.processor.fence import transactional_ids
 from flowstream.processor.tasks import PartitionTask
 from flowstream.processor.txn.errors import retrying
-from flowstream.processor.txn.slot import ProducerSlot
+from flowstream.processor.txn.slot import ProducerSlot, transactional_ids
 from flowstream.replay.task_failures import TaskRetryPolicy
 from flowstream.stores.partition import PartitionStore
 from flowstream.topology import EVENTS
@@ -87,9 +86,10 @@ class PartitionHost:
             if generation == slot.generation:  # not a report of a producer replaced since
                 slot.delivered(err, message)
 
+        slot.writer = self.p.ctx.writer
         producer = clients.new_transactional_producer(
             s.bootstrap,
-            transactional_ids(s.group, s.instance_id)[slot.index],
+            transactional_ids(s.group, slot.writer)[slot.index],
             {
                 "transaction.timeout.ms": s.transaction_timeout_ms,
                 "message.max.bytes": 4 * 1024 * 1024,

@@ -110,11 +110,9 @@ class TaskManager:
         return [t for t in self.owned.values() if t.restoring]
 
     def positions(self) -> list[Any]:
-        """The consumer position of every command partition of every active partition, each
-        naming this instance as its writer (``fence.OwnerFence`` reads it)."""
-        writer = self.ctx.settings.instance_id
+        """The consumer position of every command partition of every active partition."""
         return [
-            clients.TopicPartition(topic, task.partition, position, metadata=writer)
+            clients.TopicPartition(topic, task.partition, position)
             for task in self.owned.values()
             if not task.restoring
             for topic, position in task.positions.items()

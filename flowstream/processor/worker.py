@@ -45,6 +45,7 @@ from flowstream.processor.sweeps import Sweeper
 from flowstream.processor.tasks import TaskManager
 from flowstream.processor.timers import TimerPunctuator
 from flowstream.processor.txn.pipeline import TransactionPipeline
+from flowstream.processor.txn.slot import new_writer
 from flowstream.runtime import FlowRuntime
 from flowstream.settings import Settings
 from flowstream.stores.base import Clock, utc_now
@@ -130,6 +131,8 @@ class Processor:
             with contextlib.suppress(Exception):
                 self.consumer.close()
             self.tasks.close()
+            if self.tasks.fence is not None:
+                self.tasks.fence.close()
             for close in (self.restorer.consumer.close, self.tasks.watermarks.close):
                 with contextlib.suppress(Exception):
                     close()
@@ -244,6 +247,7 @@ class Processor:
         except BaseException as exc:
             self._fatal = exc
         self.tasks.drop({tp.partition for tp in revoked})
+        self._retire()
 
     def on_lost(self, consumer: Any, lost: list[Any]) -> None:
         self.pipeline.forget_metadata()
@@ -257,3 +261,16 @@ class Processor:
         except BaseException as exc:
             self._fatal = exc
         self.tasks.drop({tp.partition for tp in lost})
+        self._retire()
+
+    def _retire(self) -> None:
+        """The partitions went: the next transactions are written by new producers under a
+        new writer id, so the next owners may fence the old ones (``fence``)."""
+
+        def renew() -> None:
+            self.ctx.writer = new_writer(self.settings.instance_id)
+
+        try:
+            self.pipeline.retire(renew)
+        except BaseException as exc:
+            self._fatal = exc

@@ -8,7 +8,7 @@ import sys
 
 from flowstream.cli import build_parser
 from flowstream.cli.worker import worker_settings
-from flowstream.processor.fence import transactional_ids
+from flowstream.processor.txn.slot import new_writer, transactional_ids
 
 
 def test_eager_steps_comes_from_the_flag_or_the_environment_and_is_off_by_default() -> None:
@@ -43,6 +43,7 @@ def test_a_bad_setting_is_one_line_and_exit_2_not_a_traceback() -> None:
 
 
 def test_transactional_ids_of_two_group_and_instance_pairs_never_collide() -> None:
-    pairs = [("a-b", "c"), ("a", "b-c"), ("a/b", "c"), ("a", "b"), ("a/b/c", "1")]
-    ids = [i for group, instance in pairs for i in transactional_ids(group, instance)]
+    pairs = [("a-b", "c"), ("a", "b-c"), ("a/b", "c"), ("a", "b"), ("a/b/c", "1"), ("a", "b")]
+    writers = [(group, new_writer(instance)) for group, instance in pairs]
+    ids = [i for group, writer in writers for i in transactional_ids(group, writer)]
     assert len(set(ids)) == len(ids)

@@ -1,9 +1,9 @@
 """A stand-in for a processor that dies with a transaction open (run as a module).
 
 It joins the group over the command topics like a processor, commits one transaction whose
-positions name it (``ghost``) as their writer, opens a second one that writes to every events
-partition and sends positions again, and exits without ending it: the transaction stays open on
-the coordinator for its whole (long) timeout unless someone fences ``<group>-ghost``.
+positions name its writer (``WRITER``), opens a second one that writes to every events
+partition and sends positions again, and exits without ending it: the transaction stays open
+on the coordinator for its whole (long) timeout unless someone fences the writer's ids.
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ import os
 import sys
 
 from flowstream.kafka import clients
-from flowstream.processor.fence import transactional_ids
+from flowstream.processor.txn.slot import transactional_ids
 from flowstream.topology import CMD_CANCEL, CMD_HOOK, CMD_SIGNAL, CMD_START, CMD_TIMER, EVENTS
 from flowstream.wire import ANCHOR_HEADERS
 
-INSTANCE = "ghost"
+#: The writer id of the dead member (``<instance>/<token>``).
+WRITER = "ghost/0badf00d"
 
 
 def main(bootstrap: str, prefix: str, group: str, partitions: int) -> None:
@@ -30,7 +31,7 @@ def main(bootstrap: str, prefix: str, group: str, partitions: int) -> None:
     while len(consumer.assignment()) < len(commands) * partitions:
         consumer.poll(0.2)
     producer = clients.new_transactional_producer(
-        bootstrap, transactional_ids(group, INSTANCE)[0], {"transaction.timeout.ms": 120_000}
+        bootstrap, transactional_ids(group, WRITER)[0], {"transaction.timeout.ms": 120_000}
     )
     producer.init_transactions(30)
     for transaction in range(2):
@@ -38,7 +39,7 @@ def main(bootstrap: str, prefix: str, group: str, partitions: int) -> None:
         for partition in range(partitions):
             producer.produce(f"{prefix}.{EVENTS}", b"", partition=partition, headers=ANCHOR_HEADERS)
         positions = [
-            clients.TopicPartition(topic, p, 0, metadata=INSTANCE)
+            clients.TopicPartition(topic, p, 0, metadata=WRITER)
             for topic in commands
             for p in range(partitions)
         ]

@@ -232,7 +232,12 @@ class TransactionPipeline(PipelineRecovery):
         for partition in anchors:
             slot.send(Record(slot.events_topic, partition, b"", b"", wire.ANCHOR_HEADERS))
         if offsets is not None:
-            self.send_offsets(slot.producer, offsets, metadata)
+            # Each position names its writer: the next owner fences it (``fence``).
+            named = [
+                clients.TopicPartition(tp.topic, tp.partition, tp.offset, metadata=slot.writer)
+                for tp in offsets
+            ]
+            self.send_offsets(slot.producer, named, metadata)
         if anchors:
             slot.producer.flush(30)
         if slot.error is not None and is_fatal(slot.error):

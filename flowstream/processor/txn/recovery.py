@@ -3,6 +3,7 @@ replaces fenced producers."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import Callable
@@ -100,6 +101,24 @@ class PipelineRecovery:
             slot.error = None
             slot.failed.clear()
         self.host.aborted(failed)
+
+    def retire(self, new_writer: Callable[[], None]) -> None:
+        """Give both producers up once the partitions went (revoked after their commit, or
+        lost): ``new_writer`` names the next ones, made when a transaction needs them. The
+        next owner then fences the old ids (``processor.fence``) without touching this
+        member's transactions."""
+        self._end([t for t in (self.open, self.spare, self.sealed) if t is not None])
+        for slot in self.slots:
+            if slot.producer is not None:
+                with contextlib.suppress(Exception):
+                    slot.producer.purge()
+            slot.producer = None
+            slot.error = None
+            slot.failed.clear()
+            slot.begun = False
+        self._slot = self.slots[0]
+        self._metadata = None
+        new_writer()
 
     def _end(self, txns: list[Txn]) -> None:
         for txn in txns:

@@ -4,6 +4,7 @@ reports said; ``Record``: one record a transaction produces."""
 from __future__ import annotations
 
 import logging
+import secrets
 import sys
 import threading
 from dataclasses import dataclass
@@ -12,9 +13,21 @@ from typing import Any
 from flowstream.kafka import clients
 from flowstream.processor.lane import Lane
 
-__all__ = ["ProducerSlot", "Record"]
+__all__ = ["ProducerSlot", "Record", "new_writer", "transactional_ids"]
 
 LOG = logging.getLogger("flowstream.processor")
+
+
+def new_writer(instance: str) -> str:
+    """A writer id for ``instance``: ``<instance>/<token>``, the token new each call."""
+    return f"{instance}/{secrets.token_hex(4)}"
+
+
+def transactional_ids(group: str, writer: str) -> list[str]:
+    """The transactional ids of the two producers of ``writer`` in ``group``:
+    ``<group>/<instance>/<token>`` and the same with ``#1``. An instance id has neither ``/``
+    nor ``#`` (``Settings``) and a token is hex, so no two writers share an id."""
+    return [f"{group}/{writer}", f"{group}/{writer}#1"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +56,8 @@ class ProducerSlot:
     def __init__(self, index: int, lane: Any = None) -> None:
         self.index = index
         self.producer: Any = None
+        #: The writer id the producer was made for (named in the positions it commits).
+        self.writer = ""
         self.lane: Any = lane if lane is not None else Lane(f"flowstream-commit-{index}")
         # Bumped with each new producer: reports of a replaced one are ignored.
         self.generation = 0
