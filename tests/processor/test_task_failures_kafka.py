@@ -5,6 +5,7 @@ again."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,36 @@ def test_a_raising_workflow_is_recorded_retried_by_the_timer_and_completes_once_
     assert [e.event.type for e in history][-2:] == ["workflow_task_failed", "run_completed"]
     assert step_runs(cluster.step_log)[(POISON_RUN, "a")] == 1
     assert worker.process.poll() is None
+
+
+def test_a_task_whose_automatic_retries_are_used_up_completes_on_kafka_retry(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    flag = tmp_path / "bug-is-in"
+    flag.touch()
+    env = {
+        POISON_FLAG_ENV: str(flag),
+        "FLOWSTREAM_TASK_RETRY_INITIAL_MS": "200",
+        "FLOWSTREAM_TASK_RETRY_MAX_AUTOMATIC": "2",
+    }
+    worker = cluster.start("w1", extra_env=env, app=APP)
+    cluster.client.start(POISON_RUN, ONE_STEP, {})
+    cluster.client.flush()
+
+    def exhausted() -> bool:
+        try:
+            failures = _failures(cluster, POISON_RUN)
+        except Exception:
+            return False
+        return bool(failures) and failures[-1].retry_at is None
+
+    wait_until(exhausted, 60, f"the retries were not used up:\n{worker.output()[-3000:]}")
+    time.sleep(1)  # nothing retries it by itself any more
+    assert [f.attempt for f in _failures(cluster, POISON_RUN)] == [1, 2]
+
+    flag.unlink()
+    cluster.client.retry(POISON_RUN)  # the operator's retry, once the bug is fixed
+    cluster.client.flush()
+    done = cluster.client.wait(POISON_RUN, timeout=60)
+    assert done.status is RunStatus.COMPLETED, worker.output()[-3000:]
+    assert step_runs(cluster.step_log)[(POISON_RUN, "a")] == 1
