@@ -126,8 +126,10 @@ class Liveness(ReplayCycle):
 
     def _condition_of(self, state: RunState, now: datetime) -> Condition:
         found = condition(state, now, admits=lambda _build: self._serves(state))
-        if found.kind is ConditionKind.TERMINAL or self.is_driving(state.run_id):
+        if found.kind is ConditionKind.TERMINAL:
             return found
+        if self.is_driving(state.run_id):
+            return Condition(ConditionKind.DRIVING, state.run_id, "being driven")
         if not self.hosts_work:
             return found
         if found.kind is ConditionKind.RUNNING_STEP:

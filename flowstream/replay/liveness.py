@@ -17,8 +17,9 @@ conditions, in the order ``condition`` tests them (the first that holds names th
    it), which the hosts' scans find and repair by driving the run.
 
 The function is pure: a state, a moment and (optionally) which builds the host admits. A host
-knows more than one state shows (whether it runs a step's handler right now, whether a child
-of another run has ended); the engine's ``Liveness`` part adds that.
+knows more than one state shows (that it is driving the run right now: ``DRIVING``; whether it
+runs a step's handler, whether a child of another run has ended); the engine's ``Liveness``
+part adds that.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class ConditionKind(StrEnum):
     WAITING_DEADLINE = "waiting_deadline"
     WAITING_INPUT = "waiting_input"
     NEEDS_DRIVE = "needs_drive"
+    #: A host is driving the run right now (only a host knows: ``condition`` never says it).
+    DRIVING = "driving"
 
 
 @dataclass(frozen=True, slots=True)

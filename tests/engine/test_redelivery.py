@@ -110,3 +110,18 @@ def test_the_scheduler_tick_repairs_a_run_its_input_left_stalled(
     assert tick.repaired == ["r1"]
     assert engine.snapshot("r1").status is RunStatus.COMPLETED
     assert run(engine.resume_due()).repaired == []
+
+
+def test_a_run_being_driven_is_in_its_own_condition_and_no_scan_drives_it_again(
+    store: EventStore, clock: FakeClock
+) -> None:
+    seen: list[str] = []
+
+    async def looks_at_itself(ctx: WorkflowContext) -> RuntimeCommand:
+        seen.append(engine.condition("r1").describe())
+        seen.extend(engine.find_stalled().stalled)
+        return ctx.complete()
+
+    engine = FlowEngine(store, make_runtime(looks_at_itself), clock=clock)
+    assert run(engine.start("r1", SPEC)).status is RunStatus.COMPLETED
+    assert seen == ["being driven"]
