@@ -16,10 +16,11 @@ import orjson
 
 from flowstream import wire
 from flowstream.client import FlowClient
-from flowstream.kafka import topics
+from flowstream.kafka import clients, topics
 from flowstream.model.events import EventEnvelope
+from flowstream.processor.txn.slot import transactional_ids
 from flowstream.settings import Settings
-from flowstream.topology import Topology, load_topology
+from flowstream.topology import CMD_HOOK, CMD_SIGNAL, CMD_START, Topology, load_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -313,3 +314,31 @@ def metric(port: int, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise AssertionError(f"no metric {name}")
+
+
+def transactional_ids_of(cluster: Cluster, instance: str, timeout: float = 30) -> list[str]:
+    """The transactional ids a live worker writes with now: made from the writer its last
+    committed positions name (``<instance>/<token>``; see ``processor.fence``)."""
+    topics = [f"{cluster.prefix}.{name}" for name in (CMD_START, CMD_SIGNAL, CMD_HOOK)]
+    wanted = [
+        clients.TopicPartition(topic, p)
+        for topic in topics
+        for p in range(cluster.client.partitions)
+    ]
+    reader = clients.new_consumer(
+        cluster.bootstrap, cluster.group, {"isolation.level": "read_uncommitted"}
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            writers = {
+                tp.metadata
+                for tp in reader.committed(wanted, timeout=10)
+                if tp.metadata and tp.metadata.startswith(f"{instance}/")
+            }
+            if len(writers) == 1:
+                return transactional_ids(cluster.group, writers.pop())
+            time.sleep(0.2)
+    finally:
+        reader.close()
+    raise AssertionError(f"no single writer of {instance} in the group's positions")

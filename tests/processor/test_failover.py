@@ -30,6 +30,7 @@ from tests.processor.harness import (
     committed_events,
     raw_events,
     step_log,
+    transactional_ids_of,
     wait_until,
 )
 from tests.support import envelope
@@ -219,9 +220,9 @@ def _finish_after_fencing(cluster: Cluster, worker: Worker, load: Load) -> None:
     assert "Traceback" not in worker.output(), cluster.logs()
 
 
-@pytest.mark.parametrize("suffix", ["", ".1"], ids=["first-producer", "second-producer"])
+@pytest.mark.parametrize("slot", [0, 1], ids=["first-producer", "second-producer"])
 def test_a_processor_whose_transactional_id_is_taken_over_goes_on(
-    cluster: Cluster, suffix: str
+    cluster: Cluster, slot: int
 ) -> None:
     worker = cluster.start("f1")
     load = Load(cluster.client, SPEC, "fence", rate=10, options={"step_sleep_ms": 50})
@@ -230,7 +231,7 @@ def test_a_processor_whose_transactional_id_is_taken_over_goes_on(
     # coordinator bumps the epoch and aborts that producer's open transaction; its next
     # transactional call fails with a fatal _FENCED error.
     usurper = clients.new_transactional_producer(
-        cluster.bootstrap, f"{cluster.prefix}-group-f1{suffix}"
+        cluster.bootstrap, transactional_ids_of(cluster, "f1")[slot]
     )
     usurper.init_transactions(30)
     try:
@@ -302,10 +303,8 @@ def test_steps_in_flight_when_the_producer_is_replaced_run_for_the_new_owner(
     wait_until(both_started, 60, "the held steps were never started\n" + cluster.logs())
     assert [e["run"] for e in step_log(cluster.step_log)] == ["hold-a"]
     restores = worker.output().count("restored in")
-    for suffix in ("", ".1"):  # both of the processor's transactional ids
-        usurper = clients.new_transactional_producer(
-            cluster.bootstrap, f"{cluster.prefix}-group-f3{suffix}"
-        )
+    for transactional_id in transactional_ids_of(cluster, "f3"):  # both of its producers
+        usurper = clients.new_transactional_producer(cluster.bootstrap, transactional_id)
         usurper.init_transactions(30)
     cluster.client.start("after-reset", SPEC, {})  # its transaction meets the fence
     cluster.client.flush()
