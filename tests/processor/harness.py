@@ -342,3 +342,27 @@ def transactional_ids_of(cluster: Cluster, instance: str, timeout: float = 30) -
     finally:
         reader.close()
     raise AssertionError(f"no single writer of {instance} in the group's positions")
+
+
+def positions_without_writer(cluster: Cluster, samples: int) -> list[tuple[str, int, int]]:
+    """Committed positions of the command topics that name no writer, over ``samples`` reads
+    0.1 s apart (each commit that moves a position must name its writer again)."""
+    topics = [f"{cluster.prefix}.{name}" for name in (CMD_START, CMD_SIGNAL, CMD_HOOK)]
+    wanted = [
+        clients.TopicPartition(topic, p)
+        for topic in topics
+        for p in range(cluster.client.partitions)
+    ]
+    reader = clients.new_consumer(
+        cluster.bootstrap, cluster.group, {"isolation.level": "read_uncommitted"}
+    )
+    unnamed: list[tuple[str, int, int]] = []
+    try:
+        for _ in range(samples):
+            for tp in reader.committed(wanted, timeout=10):
+                if tp.offset > 0 and not tp.metadata:
+                    unnamed.append((tp.topic, tp.partition, tp.offset))
+            time.sleep(0.1)
+    finally:
+        reader.close()
+    return unnamed

@@ -28,6 +28,7 @@ from tests.processor.harness import (
     Worker,
     assert_no_duplicate_sequences,
     committed_events,
+    positions_without_writer,
     raw_events,
     step_log,
     transactional_ids_of,
@@ -356,3 +357,30 @@ def test_a_gone_owner_is_fenced_so_its_open_transaction_does_not_hold_the_partit
     assert {r.status.value for r in results.values()} == {"completed"}, cluster.logs()
     assert time.monotonic() - began < 90, "the heir waited for the dead owner's timeout"
     assert "fenced the transactional ids of ghost" in worker.output(), worker.output()[-3000:]
+
+
+def test_the_heir_of_a_killed_worker_fences_the_writer_its_positions_name(
+    cluster: Cluster,
+) -> None:
+    # Every position a transaction commits (its fence and the positions its commit moves
+    # again) names the writer, so the heir of a SIGKILLed worker finds it and fences it.
+    heir = cluster.start("heir")
+    victim = cluster.start("victim")
+    load = Load(cluster.client, SPEC, "heir", rate=20, options={"step_sleep_ms": 50})
+    wait_until(
+        lambda: "assigned partitions" in victim.output(), 60, "the victim never got partitions"
+    )
+    time.sleep(4)  # the victim commits on its partitions
+    transactional_ids_of(cluster, "victim")  # its writer is named in the group's positions
+    unnamed = positions_without_writer(cluster, samples=20)
+    assert not unnamed, f"committed positions that name no writer: {unnamed[:5]}"
+    victim.kill()
+    time.sleep(2)
+    run_ids = load.stop()
+    results = cluster.client.wait_all(run_ids, timeout=120)
+    assert {r.status.value for r in results.values()} == {"completed"}, cluster.logs()
+    wait_until(
+        lambda: "fenced the transactional ids of victim/" in heir.output(),
+        30,
+        "the heir never fenced the victim's writer\n" + heir.output()[-3000:],
+    )

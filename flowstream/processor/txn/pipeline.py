@@ -58,6 +58,13 @@ __all__ = ["TransactionPipeline"]
 LOG = logging.getLogger("flowstream.processor")
 
 
+def named(offsets: list[Any], writer: str) -> list[Any]:
+    """``offsets``, each naming its writer: the next owner fences it (``processor.fence``)."""
+    return [
+        clients.TopicPartition(tp.topic, tp.partition, tp.offset, metadata=writer) for tp in offsets
+    ]
+
+
 class TransactionPipeline(PipelineRecovery):
     """The open, spare and sealed transactions over two producer slots."""
 
@@ -232,12 +239,7 @@ class TransactionPipeline(PipelineRecovery):
         for partition in anchors:
             slot.send(Record(slot.events_topic, partition, b"", b"", wire.ANCHOR_HEADERS))
         if offsets is not None:
-            # Each position names its writer: the next owner fences it (``fence``).
-            named = [
-                clients.TopicPartition(tp.topic, tp.partition, tp.offset, metadata=slot.writer)
-                for tp in offsets
-            ]
-            self.send_offsets(slot.producer, named, metadata)
+            self.send_offsets(slot.producer, named(offsets, slot.writer), metadata)
         if anchors:
             slot.producer.flush(30)
         if slot.error is not None and is_fatal(slot.error):
@@ -387,7 +389,7 @@ class TransactionPipeline(PipelineRecovery):
             for record in records:
                 slot.send(record)
             if offsets is not None:
-                self.send_offsets(producer, offsets, metadata)
+                self.send_offsets(producer, named(offsets, slot.writer), metadata)
             if producer.flush(30):
                 raise Abort("records were not delivered within 30 s")
             if slot.error is not None:
