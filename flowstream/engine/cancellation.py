@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from flowstream.engine.cycle import ReplayCycle
-from flowstream.errors import EventConflictError, RunConflictError
+from flowstream.errors import EventConflictError, InvalidInputError, RunConflictError
 from flowstream.model.events import (
     ChildCancellationPolicy,
     ChildWorkflowResolved,
     FlowEvent,
+    ParentLink,
     RunCancellationRequested,
     RunCancelled,
+    RunCreated,
+    RunStarted,
     TerminalOutcome,
 )
 from flowstream.model.snapshot import WorkflowRunSnapshot
 from flowstream.replay.state import RunState
+from flowstream.runtime import check_input
 
 __all__ = ["Cancellation"]
 
@@ -64,6 +70,7 @@ class Cancellation(ReplayCycle):
             for child_id in state.blocking_children:
                 child = state.children[child_id]
                 if child.cancellation_policy is ChildCancellationPolicy.ABANDON:
+                    self._restore_abandoned(state, child_id)
                     continue
                 outcome = await self._force_cancel_child(child.run_id, reason)
                 events.append(ChildWorkflowResolved(child_id=child_id, outcome=outcome))
@@ -76,6 +83,25 @@ class Cancellation(ReplayCycle):
             await self._after_terminal(final, None, notify_parent=notify_parent)
             await self.store.wait_durable()
             return final
+
+    def _restore_abandoned(self, state: RunState, child_id: str) -> None:
+        """An abandoned child runs on without its parent: if its creation was lost, it is
+        created and started here (the liveness scan drives it on)."""
+        child = state.children[child_id]
+        if self.store.exists(child.run_id):
+            return
+        try:
+            check_input(self._runtime_for(child.spec), child.run_id, child.spec, child.input)
+        except InvalidInputError:
+            return  # never created: a child its model refuses does not run
+        created = RunCreated(
+            spec=child.spec,
+            input=child.input,
+            parent=ParentLink(run_id=state.run_id, child_id=child_id),
+            depth=state.depth + 1,
+        )
+        with contextlib.suppress(EventConflictError):  # created meanwhile by another driver
+            self.store.append_if_sequence(child.run_id, 0, [created, RunStarted()])
 
     async def _force_cancel_child(self, run_id: str, reason: str | None) -> TerminalOutcome:
         """End a child's chain for its parent's forced cancellation; the outcome to record."""

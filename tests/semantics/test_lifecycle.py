@@ -217,11 +217,6 @@ def test_cancellation_restores_a_lost_abandoned_child(store: EventStore, clock: 
     assert types_of(store, "lost") == ["run_created", "run_started", "wait_created"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: force_cancel skips abandoned children without restoring a lost creation, "
-    "so the requested child never runs (engine/cancellation.py, admission)",
-)
 def test_force_cancel_restores_a_lost_abandoned_child(store: EventStore, clock: FakeClock) -> None:
     """§8.1 immediate: termination leaves Abandon children alone, restoring only
     run_created/run_started if their stream is missing."""
