@@ -96,6 +96,9 @@ class ReplayCycle(ABC):
         self.runtime = runtime
         self._clock = clock
         self.builds = builds or RuntimeBuilds()
+        #: Decisions one drive may take. A drive takes a run until it suspends, one decision
+        #: per iteration, so this guards against a loop, not against a long run (the
+        #: reference's 1024 would stop a run of a few thousand quick steps half-way).
         self._max_iterations = max_replay_iterations
         self._max_child_depth = max_child_depth
         #: The longest continuation chain, in hops after its root (0: no limit).
