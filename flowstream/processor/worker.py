@@ -63,6 +63,10 @@ _STEP_WAIT_S = 0.002
 DECISION_BUDGET_S = 0.2
 #: The share of the transaction timeout a transaction may be open and still take decisions.
 MAX_OPEN_SHARE = 0.3
+#: ... and never for longer than this, whatever the timeout: a transaction's size sets how long
+#: its commit takes, and the next one stays open (on the other producer) until then. With the
+#: share alone, a 10 s timeout let a burst build transactions whose commits outlived it.
+MAX_OPEN_S = 0.6
 #: An eager transaction (begun right after a commit that carried decisions) that no decision
 #: joined within this long commits alone, well inside any transaction timeout.
 _EAGER_IDLE_S = 0.2
@@ -110,7 +114,7 @@ class Processor:
         self._fatal: BaseException | None = None
         # A transaction open on Kafka longer than this takes no more decisions: well inside the
         # transaction timeout, whatever the commit before it costs.
-        self._max_open_s = MAX_OPEN_SHARE * settings.transaction_timeout_ms / 1000
+        self._max_open_s = min(MAX_OPEN_S, MAX_OPEN_SHARE * settings.transaction_timeout_ms / 1000)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
