@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -614,15 +615,20 @@ def test_a_failing_listener_does_not_fail_a_committed_append(store: EventStore) 
 
 
 def test_a_store_written_before_the_open_runs_index_gets_it_when_opened(
-    stores: StoreFactory, store: EventStore
+    tmp_path: Path, clock: FakeClock
 ) -> None:
-    if stores.kind != "rocksdb":
-        pytest.skip("only the embedded store outlives its format (the others restore)")
-    started(store, "a")
-    started(store, "b", RunCompleted())
-    with_wait(store, "c", "w", 10)
-    store._write_pending()  # type: ignore[attr-defined]
-    db = store._db  # type: ignore[attr-defined]
-    for key in [bytes(k) for k, _ in db.items() if bytes(k).startswith((b"o", b"m/open_index"))]:
-        del db[key]
-    assert stores.reopen(store).open_runs(None, 10) == ["a", "c"]
+    # Only the embedded store outlives its format (the others restore from the topic).
+    stores = StoreFactory("rocksdb", tmp_path)
+    try:
+        store = stores.open(clock=clock)
+        started(store, "a")
+        started(store, "b", RunCompleted())
+        with_wait(store, "c", "w", 10)
+        store._write_pending()  # type: ignore[attr-defined]
+        db = store._db  # type: ignore[attr-defined]
+        index = [bytes(k) for k, _ in db.items() if bytes(k).startswith((b"o", b"m/open_index"))]
+        for key in index:
+            del db[key]
+        assert stores.reopen(store).open_runs(None, 10) == ["a", "c"]
+    finally:
+        stores.close_all()
