@@ -42,6 +42,7 @@ from flowstream.model.events import EVENT_SCHEMA_VERSION, EventEnvelope, FlowEve
 from flowstream.model.messages import (
     CancelRun,
     CommandMessage,
+    CommandOutcome,
     DeadLetter,
     DisposeHook,
     FireTimer,
@@ -60,6 +61,7 @@ __all__ = [
     "decode_command",
     "decode_dead_letter",
     "decode_event",
+    "decode_outcome",
     "default_codec",
     "encode_event",
     "encode_message",
@@ -210,7 +212,7 @@ class AvroCodec:
                 raise SerializationError(f"schema file {file_name} must be named {full}.avsc")
             library[full] = document
         wire: dict[str, type[BaseModel]] = {ENVELOPE_SCHEMA: EventEnvelope}
-        messages: tuple[type[BaseModel], ...] = (*_COMMANDS, DeadLetter)
+        messages: tuple[type[BaseModel], ...] = (*_COMMANDS, DeadLetter, CommandOutcome)
         wire.update((message_schema_name(m), m) for m in messages)
         self._readers: dict[type[BaseModel], _Reader] = {}
         self._writers: dict[bytes, _Writer] = {}
@@ -302,13 +304,14 @@ class AvroCodec:
         except (IndexError, UnicodeDecodeError) as exc:
             raise SerializationError(f"corrupt {ENVELOPE_SCHEMA}: {exc}") from None
 
-    def encode_message(self, message: CommandMessage | DeadLetter) -> bytes:
-        """The single-object encoding of a :data:`CommandMessage` or a :class:`DeadLetter`."""
+    def encode_message(self, message: CommandMessage | DeadLetter | CommandOutcome) -> bytes:
+        """The single-object encoding of a :data:`CommandMessage`, a :class:`DeadLetter` or a
+        :class:`CommandOutcome`."""
         reader = self._readers.get(type(message))
         if reader is None or reader.model is EventEnvelope:
             raise SerializationError(
                 f"cannot encode {type(message).__name__} as a message: use a command message "
-                "or a DeadLetter (and encode_event for events)"
+                "a DeadLetter or a CommandOutcome (and encode_event for events)"
             )
         return self._encode(message, reader, getattr(message, "run_id", None))
 
@@ -329,6 +332,12 @@ class AvroCodec:
         letter = self._decode(data, (DeadLetter,))
         assert isinstance(letter, DeadLetter)
         return letter
+
+    def decode_outcome(self, data: bytes) -> CommandOutcome:
+        """Decode bytes from the outcomes topic."""
+        outcome = self._decode(data, (CommandOutcome,))
+        assert isinstance(outcome, CommandOutcome)
+        return outcome
 
     def schema_name(self, data: bytes) -> str:
         """The full name of the record ``data`` holds, read from its fingerprint."""
@@ -492,8 +501,8 @@ def event_head(data: bytes) -> tuple[str, int, str] | None:
     return default_codec().event_head(data)
 
 
-def encode_message(message: CommandMessage | DeadLetter) -> bytes:
-    """Encode a command message or dead letter with :func:`default_codec`."""
+def encode_message(message: CommandMessage | DeadLetter | CommandOutcome) -> bytes:
+    """Encode a command message, a dead letter or an outcome with :func:`default_codec`."""
     return default_codec().encode_message(message)
 
 
@@ -515,3 +524,8 @@ def decode_command(data: bytes, expected: type[BaseModel] | None = None) -> Any:
 def decode_dead_letter(data: bytes) -> DeadLetter:
     """Decode a dead letter with :func:`default_codec`."""
     return default_codec().decode_dead_letter(data)
+
+
+def decode_outcome(data: bytes) -> CommandOutcome:
+    """Decode a command outcome with :func:`default_codec`."""
+    return default_codec().decode_outcome(data)

@@ -32,6 +32,7 @@ __all__ = [
     "CMD_TIMER",
     "DEADLETTER",
     "EVENTS",
+    "OUTCOMES",
     "REQUIRED_SUFFIXES",
     "TopicSpec",
     "Topology",
@@ -47,7 +48,17 @@ CMD_HOOK = "cmd.hook"
 CMD_CANCEL = "cmd.cancel"
 CMD_TIMER = "cmd.timer"
 DEADLETTER = "deadletter"
-REQUIRED_SUFFIXES = (EVENTS, CMD_START, CMD_SIGNAL, CMD_HOOK, CMD_CANCEL, CMD_TIMER, DEADLETTER)
+OUTCOMES = "outcomes"
+REQUIRED_SUFFIXES = (
+    EVENTS,
+    CMD_START,
+    CMD_SIGNAL,
+    CMD_HOOK,
+    CMD_CANCEL,
+    CMD_TIMER,
+    DEADLETTER,
+    OUTCOMES,
+)
 
 _TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._-]+$")
 _MAX_TOPIC_NAME = 249

@@ -1,4 +1,5 @@
-"""The events topic's wire contract: record kinds, their headers and values, and one classifier.
+"""The wire contract of the events and outcomes topics: record kinds, their headers and values,
+one classifier, and the readers of outcomes.
 
 Every record on the events topic is one of these (header ``flowstream-record`` names the kind; a
 record without it is an event):
@@ -23,6 +24,16 @@ record that does not decode (a value that is not Avro, an unknown writer schema,
 is reported as a :class:`BadRecord` naming its partition, offset and the run of its key, and
 skipped; the reader decides what it means for that run. A writer's restore, which must not go on
 with a shorter history, stops at such a record instead.
+
+The outcomes topic (``outcomes``) says what became of each command a client sent with a
+``command_id`` (all of them, since command ids; a command without one gets no outcome). A record's
+key is the command's key (its run id, or a token-only hook resumption's token digest), its
+partition that key's (co-partitioned with the command topics), its value a ``CommandOutcome``
+(Avro, like the commands). The processor writes it in the transaction that records the command's
+effect, so a ``read_committed`` reader sees an outcome only with the events it speaks of. One
+command may have several outcomes, in order: ``parked`` and then what became of it when it was
+retried, or ``forwarded`` and then, on the partition of the run it went on to, the rest.
+:func:`outcomes_of` picks one command's outcomes out of consumed records.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ from typing import Any
 from flowstream import codec
 from flowstream.errors import SerializationError
 from flowstream.model.events import EventEnvelope
+from flowstream.model.messages import CommandOutcome
 
 __all__ = [
     "ANCHOR_HEADERS",
@@ -55,6 +67,7 @@ __all__ = [
     "inbox_value",
     "kind_of",
     "log_bad_record",
+    "outcomes_of",
     "split_hook_token",
     "split_inbox",
     "writer_of",
@@ -225,3 +238,20 @@ def split_hook_token(value: bytes) -> tuple[str, str, str]:
 
 #: Headers of an ``anchor`` record.
 ANCHOR_HEADERS: Headers = [(RECORD_HEADER, RecordKind.ANCHOR.value.encode())]
+
+
+def outcomes_of(messages: Iterable[Any], command_id: str) -> Iterator[CommandOutcome]:
+    """The outcomes of command ``command_id`` among ``messages`` (consumed records of the
+    outcomes topic), in order; records that carry an error or do not decode are skipped."""
+    wanted = command_id.encode()
+    for message in messages:
+        value = message.value()
+        if message.error() is not None or not value or wanted not in value:
+            continue
+        try:
+            outcome = codec.decode_outcome(value)
+        except SerializationError as exc:
+            LOG.warning("skipped an outcome record that does not decode: %s", exc)
+            continue
+        if outcome.command_id == command_id:
+            yield outcome

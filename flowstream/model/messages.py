@@ -6,6 +6,11 @@ Clients and processors put a :data:`CommandMessage` on a command topic keyed by 
 and ``ResolveChild`` on ``cmd.timer``). A record that cannot be decoded or applied becomes a
 :class:`DeadLetter` on the dead-letter topic; it is not a command and is not part of the union.
 
+Every command a client sends (``StartRun``, ``SendSignal``, ``ResumeHook``, ``DisposeHook``,
+``CancelRun``, ``RetryRun``) carries a ``command_id`` (``None`` in messages written before command
+ids, and in those a processor sends itself): the processor writes the command's
+:class:`CommandOutcome` under that id to the outcomes topic, in the transaction of its effect.
+
 A ``ResumeHook`` may carry a hook token, a bearer secret: it is a ``SecretStr``, hidden from
 ``repr``, ``str`` and validation errors. Events never hold tokens, only their SHA-256 digest.
 """
@@ -13,6 +18,7 @@ A ``ResumeHook`` may carry a hook token, a bearer secret: it is a ``SecretStr``,
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
@@ -25,10 +31,12 @@ from flowstream.model.spec import WorkflowSpec
 __all__ = [
     "CancelRun",
     "CommandMessage",
+    "CommandOutcome",
     "DeadLetter",
     "DeadLetterHeader",
     "DisposeHook",
     "FireTimer",
+    "OutcomeStatus",
     "RegisterHookToken",
     "ResolveChild",
     "ResumeHook",
@@ -60,6 +68,7 @@ SignalId = Annotated[str, _identifier("signal")]
 HookId = Annotated[str, _identifier("hook")]
 ChildId = Annotated[str, _identifier("child workflow")]
 SubjectId = Annotated[str, _identifier("timer subject")]
+CommandId = Annotated[str, _identifier("command")]
 
 
 class StartRun(FrozenModel):
@@ -75,6 +84,7 @@ class StartRun(FrozenModel):
     input: JSON = None
     parent: ParentLink | None = None
     depth: int = Field(default=0, ge=0)
+    command_id: CommandId | None = None
 
 
 class SendSignal(FrozenModel):
@@ -85,6 +95,7 @@ class SendSignal(FrozenModel):
     signal_id: SignalId
     name: str = Field(min_length=1)
     payload: JSON = None
+    command_id: CommandId | None = None
 
 
 class ResumeHook(FrozenModel):
@@ -102,6 +113,7 @@ class ResumeHook(FrozenModel):
     run_id: RunId | None = None
     hook_id: HookId | None = Field(default=None, validate_default=True)
     payload: JSON = None
+    command_id: CommandId | None = None
 
     # The address rule is a validator of the last address field, not of the model: a
     # model-level error echoes the whole input, token included, wherever a caller validates
@@ -138,6 +150,7 @@ class DisposeHook(FrozenModel):
     type: Literal["dispose_hook"] = "dispose_hook"
     run_id: RunId
     hook_id: HookId
+    command_id: CommandId | None = None
 
 
 class CancelRun(FrozenModel):
@@ -147,6 +160,7 @@ class CancelRun(FrozenModel):
     run_id: RunId
     reason: str | None = None
     force: bool = False
+    command_id: CommandId | None = None
 
 
 class RetryRun(FrozenModel):
@@ -159,6 +173,7 @@ class RetryRun(FrozenModel):
 
     type: Literal["retry_run"] = "retry_run"
     run_id: RunId
+    command_id: CommandId | None = None
 
 
 class FireTimer(FrozenModel):
@@ -220,3 +235,49 @@ class DeadLetter(FrozenModel):
     reason: str
     value: bytes | None = Field(default=None, repr=False)
     headers: tuple[DeadLetterHeader, ...] = Field(default=(), repr=False)
+
+
+class OutcomeStatus(StrEnum):
+    """What became of a command (``CommandOutcome.status``)."""
+
+    #: Its effect is recorded (a start created the run, a signal was received, ...).
+    APPLIED = "applied"
+    #: Nothing changed: a duplicate (a start of a run that exists with the same spec and input,
+    #: a signal id already received) or a command with nothing to do (a retry of an ended run).
+    NOOP = "noop"
+    #: Refused, nothing of it recorded; ``error_kind`` names the ``flowstream.errors`` class.
+    REJECTED = "rejected"
+    #: Kept in its partition's inbox until it can apply (its run does not exist yet, its build
+    #: is not served here); a later outcome with the same id says what became of it.
+    PARKED = "parked"
+    #: Passed on to the run ``forwarded_to`` (a hook resumed by its token alone goes on to the
+    #: hook's run), whose partition writes the next outcome with the same id.
+    FORWARDED = "forwarded"
+
+
+class CommandOutcome(FrozenModel):
+    """What the processor did with one command: the value of an outcomes-topic record, written
+    in the transaction of the command's effect, keyed like the command (its run id, or a
+    token-only hook resumption's digest) on the partition of that key.
+
+    ``reason`` is built from flowstream error messages, which never hold hook tokens.
+    """
+
+    type: Literal["command_outcome"] = "command_outcome"
+    command_id: CommandId
+    #: The command's key: the run it addresses (a token-only resume: the token's digest).
+    key: str = Field(min_length=1)
+    #: The command's type literal, e.g. ``send_signal``.
+    command: str = Field(min_length=1)
+    status: OutcomeStatus
+    reason: str | None = None
+    #: The ``flowstream.errors`` class a client raises for a rejection, e.g. ``RunConflictError``.
+    error_kind: str | None = None
+    forwarded_to: RunId | None = None
+    #: Where the command was read: ``topic[partition]@offset``.
+    source: str = ""
+
+    @property
+    def final(self) -> bool:
+        """No later outcome follows for this command id (it is not parked or forwarded)."""
+        return self.status not in (OutcomeStatus.PARKED, OutcomeStatus.FORWARDED)
