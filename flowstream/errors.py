@@ -18,15 +18,19 @@
     ├── WorkflowNotServedError       the engine's runtime does not serve the run's workflow
     ├── InvalidInputError            a start's input does not validate against its input model
     ├── LimitExceededError           replay iterations, child depth or continuation hops
+    ├── RunFailedError               a run a handle waited for ended without completing
     ├── StoreLockedError             another process holds the embedded store (or a newer
     │                                 writer fenced this Kafka store)
     ├── InstanceInUseError           a live member of the group runs with this worker's
     │                                 instance id
     ├── TopologyError                topics missing or unlike topology/ (flowstream.topology)
     ├── DevKafkaError                the local broker launcher failed (flowstream.devkafka)
-    └── StepError                    raised *by step handlers* to control retries
-        ├── NonRetryableError        fail the attempt without using the retry budget
-        └── UnknownOutcomeError      the side effect may or may not have happened (non-retryable)
+    ├── StepError                    raised *by step handlers* to control retries
+    │   ├── NonRetryableError        fail the attempt without using the retry budget
+    │   └── UnknownOutcomeError      the side effect may or may not have happened (non-retryable)
+    └── ApplicationError             raised *in a plain-code workflow* to fail its run
+        ├── StepFailedError          a step ran out of attempts (its policy continues the workflow)
+        └── ChildFailedError         a child workflow ended without completing
 
 Messages never contain hook tokens or other secrets; they say what to do next where possible.
 """
@@ -34,6 +38,8 @@ Messages never contain hook tokens or other secrets; they say what to do next wh
 from __future__ import annotations
 
 __all__ = [
+    "ApplicationError",
+    "ChildFailedError",
     "CorruptHistoryError",
     "EventConflictError",
     "FlowError",
@@ -47,10 +53,12 @@ __all__ = [
     "NonRetryableError",
     "PayloadTooLargeError",
     "RunConflictError",
+    "RunFailedError",
     "RunNotFoundError",
     "RuntimeBuildUnavailableError",
     "SerializationError",
     "StepError",
+    "StepFailedError",
     "StoreLockedError",
     "UnknownOutcomeError",
     "WorkflowNotServedError",
@@ -192,6 +200,17 @@ class LimitExceededError(FlowError):
     failure)."""
 
 
+class RunFailedError(FlowError):
+    """A run a handle waited for (``handle.result()``) ended without completing: ``outcome``
+    is how it ended (failed, cancelled, timed_out, retry_exhausted), ``error`` why."""
+
+    def __init__(self, run_id: str, outcome: str, error: str | None) -> None:
+        detail = f": {error}" if error else ""
+        super().__init__(f"run {run_id} ended {outcome}{detail}", run_id=run_id)
+        self.outcome = outcome
+        self.error = error
+
+
 class StoreLockedError(FlowError):
     """Another process holds the embedded store open."""
 
@@ -210,3 +229,29 @@ class NonRetryableError(StepError):
 
 class UnknownOutcomeError(StepError):
     """The side effect's outcome is unknown; do not retry blindly."""
+
+
+class ApplicationError(FlowError):
+    """Raised in a plain-code workflow (``flowstream.App``) to fail its run with this message;
+    any other exception is a workflow-task failure, retried once the code is fixed."""
+
+
+class StepFailedError(ApplicationError):
+    """A step ran out of attempts and its retry policy hands the failure back to the workflow
+    (``on_exhausted="continue_workflow"``); uncaught, it fails the run."""
+
+    def __init__(self, run_id: str, step_id: str, error: str) -> None:
+        super().__init__(f"step {step_id} failed: {error}", run_id=run_id)
+        self.step_id = step_id
+        self.error = error
+
+
+class ChildFailedError(ApplicationError):
+    """A child workflow ended without completing (failed, cancelled, timed out…)."""
+
+    def __init__(self, run_id: str, child_id: str, outcome: str, error: str | None) -> None:
+        detail = f": {error}" if error else ""
+        super().__init__(f"child workflow {child_id} ended {outcome}{detail}", run_id=run_id)
+        self.child_id = child_id
+        self.outcome = outcome
+        self.error = error

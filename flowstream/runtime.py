@@ -41,9 +41,12 @@ class FlowRuntime(Protocol):
 
     def run_workflow(
         self, invocation: WorkflowInvocation
-    ) -> RuntimeCommand | Awaitable[RuntimeCommand]: ...
+    ) -> RuntimeCommand | Awaitable[RuntimeCommand]:
+        """Decide the run's next command from its history (no side effects, no clock)."""
 
-    def run_step(self, invocation: StepInvocation) -> JSON | Awaitable[JSON]: ...
+    def run_step(self, invocation: StepInvocation) -> object:
+        """Perform one attempt of a step: its output (JSON, or a model or dataclass stored as
+        JSON by ``flowstream.model.payloads.to_json``), or an awaitable of it."""
 
 
 @runtime_checkable

@@ -8,7 +8,8 @@ It is put together from one part per responsibility, each a mixin over the repla
 * ``steps.StepRunner``: running decided steps and recording their outcomes;
 * ``inputs.RunInputs``: timers, delayed retries, signals and hooks;
 * ``cancellation.Cancellation``: cancellation requests and forced cancellation;
-* ``inspection.Inspection``: snapshots, open suspensions, the summary.
+* ``inspection.Inspection``: snapshots, open suspensions, the summary;
+* ``host.Host``: firing its own deadlines (``run_until_idle``, ``wait``, ``serve``).
 
 Here: creating and starting a run.
 """
@@ -18,12 +19,13 @@ from __future__ import annotations
 from flowstream.engine.cancellation import Cancellation
 from flowstream.engine.children import ChildRuns
 from flowstream.engine.continuation import Continuation
-from flowstream.engine.inputs import RunInputs
+from flowstream.engine.host import Host
 from flowstream.engine.inspection import Inspection
 from flowstream.engine.steps import StepRunner, call_step
 from flowstream.errors import EventConflictError, RunConflictError
 from flowstream.model.base import JSON, json_equal, validate_run_id
 from flowstream.model.events import ParentLink, RunCreated
+from flowstream.model.payloads import to_json
 from flowstream.model.snapshot import WorkflowRunSnapshot
 from flowstream.model.spec import WorkflowSpec
 from flowstream.runtime import check_input
@@ -32,21 +34,24 @@ from flowstream.runtime import check_input
 __all__ = ["FlowEngine", "call_step"]
 
 
-class FlowEngine(RunInputs, Cancellation, Inspection, ChildRuns, Continuation, StepRunner):
+class FlowEngine(Host, Cancellation, Inspection, ChildRuns, Continuation, StepRunner):
     """Drives workflow runs stored in ``store`` with the code in ``runtime``."""
 
     async def start(
         self,
         run_id: str,
         spec: WorkflowSpec,
-        input: JSON = None,
+        input: object = None,
         *,
         drive: bool = True,
         parent: ParentLink | None = None,
         depth: int = 0,
     ) -> WorkflowRunSnapshot:
-        """Create ``run_id`` (idempotent for the same spec and input) and drive it."""
-        self.create(run_id, spec, input, parent=parent, depth=depth)
+        """Create ``run_id`` (idempotent for the same spec and input) and drive it; ``input``
+        is JSON, or a model or dataclass stored as JSON."""
+        self.create(
+            run_id, spec, to_json(input, f"input of run {run_id}"), parent=parent, depth=depth
+        )
         if drive:
             return await self.drive(run_id)
         await self.store.wait_durable()

@@ -22,6 +22,7 @@ from flowstream.errors import (
 )
 from flowstream.model.base import JSON, json_equal
 from flowstream.model.events import HookDisposed, HookReceived, SignalReceived, WaitCompleted
+from flowstream.model.payloads import to_json
 from flowstream.model.snapshot import HookStatus, WaitStatus, WorkflowRunSnapshot
 from flowstream.replay.decide import token_digest
 from flowstream.replay.state import RunState, Wakeup
@@ -124,7 +125,9 @@ class RunInputs(Liveness):
     async def send_signal(
         self, run_id: str, signal_id: str, name: str, payload: JSON = None
     ) -> WorkflowRunSnapshot:
-        """Deliver a signal once per ``signal_id``; the same id with other content conflicts."""
+        """Deliver a signal once per ``signal_id``; the same id with other content conflicts.
+        (A handle's ``signal`` takes models and dataclasses too.)"""
+        payload = to_json(payload, f"payload of signal {signal_id}")
         while True:
             state = await self._leaf(run_id)
             existing = state.signals.get(signal_id)
@@ -154,9 +157,11 @@ class RunInputs(Liveness):
             return await self.drive(state.run_id)
 
     async def resume_hook(
-        self, run_id: str, hook_id: str, payload: JSON = None
+        self, run_id: str, hook_id: str, payload: object = None
     ) -> WorkflowRunSnapshot:
-        """Deliver a hook payload; an identical repeat is a no-op, another payload conflicts."""
+        """Deliver a hook payload; an identical repeat is a no-op, another payload conflicts.
+        ``payload`` is JSON, or a model or dataclass stored as JSON."""
+        payload = to_json(payload, f"payload of hook {hook_id}")
         while True:
             state = self.store.state(run_id)
             hook = state.hooks.get(hook_id)
@@ -183,7 +188,7 @@ class RunInputs(Liveness):
                 continue
             return await self.drive(run_id)
 
-    async def resume_hook_by_token(self, token: str, payload: JSON = None) -> WorkflowRunSnapshot:
+    async def resume_hook_by_token(self, token: str, payload: object = None) -> WorkflowRunSnapshot:
         """Resume the hook that owns ``token`` (a bearer secret; never logged or echoed)."""
         run_id, hook_id = self._hook_for_token(token)
         return await self.resume_hook(run_id, hook_id, payload)

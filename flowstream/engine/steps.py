@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Callable
 from concurrent.futures import Executor
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 from pydantic import JsonValue, TypeAdapter, ValidationError
 
@@ -16,9 +16,11 @@ from flowstream.errors import (
     EventConflictError,
     NonRetryableError,
     PayloadTooLargeError,
+    SerializationError,
     UnknownOutcomeError,
 )
 from flowstream.model.base import JSON
+from flowstream.model.payloads import to_json
 from flowstream.model.snapshot import StepStatus
 from flowstream.model.spec import ExhaustedAction
 from flowstream.replay.context import HistoryView, StepInvocation, step_idempotency_key
@@ -163,16 +165,18 @@ async def call_step(
     try:
         if in_thread and not inspect.iscoroutinefunction(runtime.run_step):
             loop = asyncio.get_running_loop()
-            result = await loop.run_in_executor(executor, guarded)
+            # A handler may return an awaitable from its thread (an app's async step): the
+            # loop awaits it.
+            result = await maybe_await(await loop.run_in_executor(executor, guarded))
         else:
             result = await maybe_await(guarded())
         if result is _NOT_RUN:
             return None
         try:
-            _JSON_VALUE.validate_python(result)
-        except ValidationError as exc:
+            _JSON_VALUE.validate_python(result := to_json(result, "step output"))
+        except (ValidationError, SerializationError) as exc:
             return None, f"step returned a value that is not JSON: {exc}", False
-        return cast(JSON, result), None, True
+        return result, None, True
     except (NonRetryableError, UnknownOutcomeError) as exc:
         return None, _error_text(exc), False
     except Exception as exc:  # a step handler's failure is data, recorded in history

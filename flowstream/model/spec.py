@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from datetime import timedelta
 from enum import StrEnum
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 from pydantic import Field, field_validator, model_validator
 
@@ -40,7 +41,15 @@ class ExhaustedAction(StrEnum):
 class RetryPolicy(FrozenModel):
     """Attempts (including the first), delay and backoff for one step.
 
-    The default is three immediate attempts that fail the run when exhausted.
+    The default is three immediate attempts that fail the run when exhausted. Build one by
+    keyword, with delays as ``timedelta``::
+
+        RetryPolicy(max_attempts=5, delay=timedelta(seconds=1))                 # fixed
+        RetryPolicy(max_attempts=5, delay=timedelta(milliseconds=200),
+                    backoff="exponential", max_delay=timedelta(seconds=5))
+
+    or with ``fixed``/``exponential``. The stored form counts milliseconds (``delay_ms``,
+    ``max_delay_ms``), which are accepted too.
     """
 
     max_attempts: int = Field(default=3, ge=1, le=10_000)
@@ -48,6 +57,30 @@ class RetryPolicy(FrozenModel):
     backoff: Backoff = Backoff.FIXED
     max_delay_ms: int = Field(default=0, ge=0)
     on_exhausted: ExhaustedAction = ExhaustedAction.FAIL_RUN
+
+    def __init__(
+        self,
+        *,
+        max_attempts: int = 3,
+        delay: timedelta | None = None,
+        backoff: Backoff | Literal["fixed", "exponential"] = Backoff.FIXED,
+        max_delay: timedelta | None = None,
+        on_exhausted: ExhaustedAction | Literal["fail_run", "continue_workflow"] = (
+            ExhaustedAction.FAIL_RUN
+        ),
+        delay_ms: int | None = None,
+        max_delay_ms: int | None = None,
+        **unknown: Any,  # refused by validation, as for any model
+    ) -> None:
+        fields: dict[str, Any] = {
+            **unknown,
+            "max_attempts": max_attempts,
+            "delay_ms": _milliseconds("delay", delay, delay_ms),
+            "backoff": backoff,
+            "max_delay_ms": _milliseconds("max_delay", max_delay, max_delay_ms),
+            "on_exhausted": on_exhausted,
+        }
+        super().__init__(**fields)
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -66,16 +99,21 @@ class RetryPolicy(FrozenModel):
         return cls(max_attempts=1)
 
     @classmethod
-    def fixed(cls, max_attempts: int, delay_ms: int) -> RetryPolicy:
-        return cls(max_attempts=max(1, max_attempts), delay_ms=delay_ms)
+    def fixed(cls, max_attempts: int, delay: int | timedelta) -> RetryPolicy:
+        """``max_attempts`` attempts, ``delay`` (milliseconds or a ``timedelta``) apart."""
+        return cls(max_attempts=max(1, max_attempts), delay_ms=_as_ms(delay))
 
     @classmethod
-    def exponential(cls, max_attempts: int, initial_ms: int, max_ms: int) -> RetryPolicy:
+    def exponential(
+        cls, max_attempts: int, initial: int | timedelta, maximum: int | timedelta
+    ) -> RetryPolicy:
+        """Delays doubling from ``initial`` up to ``maximum`` (milliseconds or ``timedelta``),
+        with full jitter."""
         return cls(
             max_attempts=max(1, max_attempts),
-            delay_ms=initial_ms,
+            delay_ms=_as_ms(initial),
             backoff=Backoff.EXPONENTIAL,
-            max_delay_ms=max_ms,
+            max_delay_ms=_as_ms(maximum),
         )
 
     def continue_workflow_on_failure(self) -> RetryPolicy:
@@ -98,6 +136,20 @@ class RetryPolicy(FrozenModel):
             digest.update(part)
         digest.update(attempt.to_bytes(4, "big"))
         return 1 + int.from_bytes(digest.digest()[:8], "big") % cap
+
+
+def _as_ms(delay: int | timedelta) -> int:
+    if isinstance(delay, timedelta):
+        return round(delay.total_seconds() * 1000)
+    return delay
+
+
+def _milliseconds(name: str, delay: timedelta | None, ms: int | None) -> int:
+    if delay is not None and ms is not None:
+        raise ValueError(f"give {name} or {name}_ms, not both")
+    if delay is not None:
+        return _as_ms(delay)
+    return 0 if ms is None else ms
 
 
 #: The policy of a step scheduled without one (models are frozen, so one instance serves all).

@@ -40,6 +40,7 @@ from flowstream.model.events import (
     TerminalOutcome,
     WorkflowProgress,
 )
+from flowstream.model.payloads import to_json
 from flowstream.model.snapshot import HookStatus, StepStatus, WaitStatus
 from flowstream.model.spec import DEFAULT_RETRY, RetryPolicy, WorkflowSpec
 from flowstream.replay.records import CancellationState
@@ -117,6 +118,7 @@ class WorkflowInvocation:
     _state: RunState = field(repr=False, compare=False)
 
     def context(self) -> WorkflowContext:
+        """Read helpers and command builders over this invocation's history."""
         return WorkflowContext(self._state)
 
 
@@ -133,6 +135,7 @@ class StepInvocation:
     idempotency_key: str = ""
 
     def input_as(self, model: type[M]) -> M:
+        """The step's input decoded as ``model`` (``SerializationError`` if it does not fit)."""
         return decode_as(model, self.input, f"input of step {self.step_id}")
 
 
@@ -152,25 +155,36 @@ class WorkflowContext:
     # -- reads ----------------------------------------------------------------------------
 
     @property
+    def state(self) -> RunState:
+        """The run's projection of the history (read it; never change it)."""
+        return self._state
+
+    @property
     def run_id(self) -> str:
+        """The run's id."""
         return self._state.run_id
 
     @property
     def spec(self) -> WorkflowSpec:
+        """The spec the run is pinned to."""
         return self._state.spec
 
     @property
     def input(self) -> JSON:
+        """The run's input, as committed JSON."""
         return self._state.input
 
     @property
     def history(self) -> Sequence[EventEnvelope]:
+        """The events the invocation was given (a view that does not grow)."""
         return HistoryView(self._state.history, self._length)
 
     def input_as(self, model: type[M]) -> M:
+        """The run's input decoded as ``model`` (``SerializationError`` if it does not fit)."""
         return decode_as(model, self._state.input, f"input of run {self.run_id}")
 
     def has_patch_marker(self, marker: str) -> bool:
+        """Whether the run was pinned with patch marker ``marker``."""
         return self._state.spec.has_patch_marker(marker)
 
     def logical_time(self) -> datetime:
@@ -185,6 +199,7 @@ class WorkflowContext:
         return str(uuid.uuid5(_ID_NAMESPACE, f"{len(run_id)}/{run_id}{len(name)}/{name}"))
 
     def step_completed(self, step_id: str) -> bool:
+        """Whether step ``step_id`` has a committed output."""
         step = self._state.steps.get(step_id)
         return step is not None and step.status is StepStatus.COMPLETED
 
@@ -196,6 +211,7 @@ class WorkflowContext:
         return step.output
 
     def step_output_as(self, step_id: str, model: type[M]) -> M | None:
+        """The output of a completed step decoded as ``model``, else ``None``."""
         if not self.step_completed(step_id):
             return None
         return decode_as(model, self.step_output(step_id), f"output of step {step_id}")
@@ -208,10 +224,13 @@ class WorkflowContext:
         return step.error
 
     def step_cancelled(self, step_id: str) -> bool:
+        """Whether step ``step_id`` was cancelled (by a cancellation request or a batch
+        abort)."""
         step = self._state.steps.get(step_id)
         return step is not None and step.status is StepStatus.CANCELLED
 
     def wait_completed(self, wait_id: str) -> bool:
+        """Whether timer ``wait_id`` has fired."""
         wait = self._state.waits.get(wait_id)
         return wait is not None and wait.status is WaitStatus.COMPLETED
 
@@ -228,95 +247,120 @@ class WorkflowContext:
         return self._state.signals[wait.signal_id].payload
 
     def signal_payload_as(self, wait_id: str, model: type[M]) -> M | None:
+        """The payload paired with signal wait ``wait_id`` decoded as ``model``, else
+        ``None``."""
         if not self.signal_received(wait_id):
             return None
         return decode_as(model, self.signal_payload(wait_id), f"signal for wait {wait_id}")
 
     def hook_received(self, hook_id: str) -> bool:
+        """Whether hook ``hook_id`` has received its payload."""
         hook = self._state.hooks.get(hook_id)
         return hook is not None and hook.received
 
     def hook_payload(self, hook_id: str) -> JSON:
+        """The payload hook ``hook_id`` received, else ``None``."""
         hook = self._state.hooks.get(hook_id)
         return None if hook is None else hook.payload
 
     def hook_payload_as(self, hook_id: str, model: type[M]) -> M | None:
+        """The payload hook ``hook_id`` received decoded as ``model``, else ``None``."""
         if not self.hook_received(hook_id):
             return None
         return decode_as(model, self.hook_payload(hook_id), f"payload of hook {hook_id}")
 
     def hook_disposed(self, hook_id: str) -> bool:
+        """Whether hook ``hook_id`` was disposed."""
         hook = self._state.hooks.get(hook_id)
         return hook is not None and hook.status is HookStatus.DISPOSED
 
     def child_workflow_outcome(self, child_id: str) -> TerminalOutcome | None:
+        """How child ``child_id`` ended, else ``None`` (not requested, or still running)."""
         child = self._state.children.get(child_id)
         return None if child is None else child.outcome
 
     def child_workflow_run_id(self, child_id: str) -> str | None:
+        """The run id of child ``child_id``, once requested."""
         child = self._state.children.get(child_id)
         return None if child is None else child.run_id
 
     def cancellation_request(self) -> CancellationState | None:
+        """The durable cancellation request, if any (clean up, then return ``cancel``)."""
         return self._state.cancellation
 
     def progress(self, progress_id: str) -> WorkflowProgress | None:
+        """The progress recorded under ``progress_id``, if any."""
         return self._state.progress.get(progress_id)
 
     # -- command builders -----------------------------------------------------------------
 
-    def complete(self, output: JSON = None) -> CompleteCommand:
-        return RuntimeCommand.complete(output)
+    def complete(self, output: object = None) -> CompleteCommand:
+        """End the run completed with ``output`` (JSON, a model or a dataclass)."""
+        return RuntimeCommand.complete(to_json(output, "output"))
 
     def fail(self, error: str) -> FailCommand:
+        """End the run failed with ``error``."""
         return RuntimeCommand.fail(error)
 
     def cancel(self) -> CancelCommand:
+        """End the run cancelled (only after a durable cancellation request)."""
         return RuntimeCommand.cancel()
 
     def timeout(self, deadline: datetime, reason: str | None = None) -> TimeoutCommand:
+        """End the run timed out at ``deadline``."""
         return RuntimeCommand.timeout(deadline, reason)
 
-    def continue_as_new(self, input: JSON = None) -> ContinueAsNewCommand:
-        return RuntimeCommand.continue_as_new(input)
+    def continue_as_new(self, input: object = None) -> ContinueAsNewCommand:
+        """Close this run and start its successor (same spec) with ``input``."""
+        return RuntimeCommand.continue_as_new(to_json(input, "continue-as-new input"))
 
     def record_progress(
         self, progress_id: str, completed: int, total: int | None = None, message: str | None = None
     ) -> RecordProgressCommand:
+        """Record progress under a stable ``progress_id`` (each value once)."""
         return RuntimeCommand.record_progress(progress_id, completed, total, message)
 
     def step(
-        self, step_id: str, step_name: str, input: JSON = None, retry: RetryPolicy | None = None
+        self, step_id: str, step_name: str, input: object = None, retry: RetryPolicy | None = None
     ) -> StepCommand:
-        """One member of a ``schedule_steps`` batch."""
+        """One member of a ``schedule_steps`` batch (``input``: JSON, a model or a dataclass)."""
         return StepCommand(
-            step_id=step_id, step_name=step_name, input=input, retry=retry or DEFAULT_RETRY
+            step_id=step_id,
+            step_name=step_name,
+            input=to_json(input, f"input of step {step_id}"),
+            retry=retry or DEFAULT_RETRY,
         )
 
     def schedule_step(
-        self, step_id: str, step_name: str, input: JSON = None, retry: RetryPolicy | None = None
+        self, step_id: str, step_name: str, input: object = None, retry: RetryPolicy | None = None
     ) -> ScheduleStepCommand:
-        return RuntimeCommand.schedule_step(step_id, step_name, input, retry)
+        """Run handler ``step_name`` as step ``step_id`` (``input``: JSON, a model or a
+        dataclass)."""
+        return ScheduleStepCommand(step=self.step(step_id, step_name, input, retry))
 
     def schedule_steps(self, steps: Sequence[StepCommand]) -> ScheduleStepsCommand:
+        """Run ``steps`` as one atomic batch (all identities validated before any starts)."""
         return RuntimeCommand.schedule_steps(steps)
 
     def wait_until(self, wait_id: str, resume_at: datetime) -> WaitUntilCommand:
+        """Suspend until timer ``wait_id`` fires at ``resume_at`` (UTC)."""
         return RuntimeCommand.wait_until(wait_id, resume_at)
 
     def wait_for_signal(self, wait_id: str, signal_name: str) -> WaitForSignalCommand:
+        """Suspend until a signal ``signal_name`` pairs with signal wait ``wait_id``."""
         return RuntimeCommand.wait_for_signal(wait_id, signal_name)
 
     def create_hook(
         self,
         hook_id: str,
         token: str | None = None,
-        metadata: JSON = None,
+        metadata: object = None,
         *,
         token_digest: str | None = None,
     ) -> CreateHookCommand:
         """Suspend until the hook is resumed (by run+hook id, or by its token alone)."""
-        return RuntimeCommand.create_hook(hook_id, token, metadata, token_digest=token_digest)
+        meta = to_json(metadata, f"metadata of hook {hook_id}")
+        return RuntimeCommand.create_hook(hook_id, token, meta, token_digest=token_digest)
 
     def wait_for(self, wait_id: str, delay: timedelta) -> WaitUntilCommand:
         """A timer ``delay`` after the logical time at which it is first created.
@@ -331,28 +375,34 @@ class WorkflowContext:
         self,
         child_id: str,
         spec: WorkflowSpec,
-        input: JSON = None,
+        input: object = None,
         cancellation_policy: ChildCancellationPolicy = (
             ChildCancellationPolicy.REQUEST_CANCELLATION
         ),
     ) -> ChildWorkflowCommand:
         """One member of a ``start_child_workflows`` batch."""
         return ChildWorkflowCommand(
-            child_id=child_id, spec=spec, input=input, cancellation_policy=cancellation_policy
+            child_id=child_id,
+            spec=spec,
+            input=to_json(input, f"input of child {child_id}"),
+            cancellation_policy=cancellation_policy,
         )
 
     def start_child_workflow(
         self,
         child_id: str,
         spec: WorkflowSpec,
-        input: JSON = None,
+        input: object = None,
         cancellation_policy: ChildCancellationPolicy = (
             ChildCancellationPolicy.REQUEST_CANCELLATION
         ),
     ) -> StartChildWorkflowCommand:
-        return RuntimeCommand.start_child_workflow(child_id, spec, input, cancellation_policy)
+        """Start child ``child_id`` of ``spec`` and wait for its outcome."""
+        child = self.child_workflow(child_id, spec, input, cancellation_policy)
+        return StartChildWorkflowCommand(child=child)
 
     def start_child_workflows(
         self, children: Sequence[ChildWorkflowCommand]
     ) -> StartChildWorkflowsCommand:
+        """Start ``children`` as one atomic batch and wait for their outcomes."""
         return RuntimeCommand.start_child_workflows(children)
