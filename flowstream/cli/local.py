@@ -1,5 +1,7 @@
 """Subcommands on the embedded store: demo, status, history, signal, hook, cancel, tick, drive.
 
+``history RUN... --json`` exports histories in the format ``flowstream.testing.Replayer`` reads.
+
 ``status`` and ``drive`` lead with the run's liveness condition in one line (what it waits for,
 or that nothing will move it); ``tick`` fires due deadlines and repairs stalled runs.
 """
@@ -25,6 +27,7 @@ from flowstream.model.events import EventEnvelope
 from flowstream.replay.decide import token_digest
 from flowstream.runtime import FlowRuntime
 from flowstream.stores.rocksdb import RocksDBEventStore
+from flowstream.testing.replayer import export_histories
 
 DEFAULT_DATA = "flowstream-data"
 DEFAULT_APP = "flowstream.examples.order:runtime"
@@ -52,8 +55,13 @@ def register(subparsers: Any) -> None:
     status.add_argument("--json", action="store_true", help="only the snapshot, as JSON")
     drive = add("drive", "drive a run on (operator recovery) and say where it stands", _drive)
     drive.add_argument("run_id")
-    history = add("history", "list a run's committed events", _history)
-    history.add_argument("run_id")
+    history = add("history", "list runs' committed events (export them with --json)", _history)
+    history.add_argument("run_ids", nargs="*", metavar="RUN", help="runs (default: all)")
+    history.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON array of the runs' event envelopes, as flowstream.testing.Replayer reads",
+    )
     signal = add("signal", "send a signal to a run", _signal)
     signal.add_argument("run_id")
     signal.add_argument("name")
@@ -187,8 +195,13 @@ def _drive(args: argparse.Namespace) -> int:
 
 def _history(args: argparse.Namespace) -> int:
     async def work(engine: FlowEngine) -> None:
-        for envelope in engine.history(args.run_id):
-            print(describe(envelope))
+        histories = [engine.history(run_id) for run_id in args.run_ids or engine.list_runs()]
+        if args.json:
+            print(export_histories(histories).decode())
+            return
+        for history in histories:
+            for envelope in history:
+                print(describe(envelope))
 
     return _run(args, work)
 
