@@ -205,8 +205,8 @@ class WorkflowDefinition(_Registered):
             return yielded.command
         raise TypeError(
             f"workflow {self.spec.name} awaited {type(yielded).__name__}, which history cannot "
-            "answer: await only the operations of its context (ctx.step, ctx.sleep, ...) and "
-            "do I/O in steps"
+            "answer: await only the operations of its context (ctx.step, ctx.sleep, ...; "
+            "ctx.gather, not asyncio.gather) and do I/O in steps"
         )
 
 

@@ -169,16 +169,13 @@ class EmbeddedClient(Client):
         return await self.engine.wait(run_id, timeout=timeout)
 
     async def _signal(self, run_id: str, name: str, payload: JSON, signal_id: str) -> None:
-        await self.engine.send_signal(run_id, signal_id, name, payload)
+        await self.engine.signal(run_id, name, payload, id=signal_id)
 
     async def _resume_hook(self, run_id: str, hook_id: str, payload: JSON) -> None:
         await self.engine.resume_hook(run_id, hook_id, payload)
 
     async def _cancel(self, run_id: str, reason: str | None, force: bool) -> None:
-        if force:
-            await self.engine.force_cancel(run_id, reason)
-        else:
-            await self.engine.request_cancellation(run_id, reason)
+        await self.engine.cancel(run_id, reason, force=force)
 
     async def _snapshot(self, run_id: str) -> WorkflowRunSnapshot:
         return self.engine.snapshot(run_id)

@@ -11,6 +11,7 @@ identity is a ``NonDeterministicError`` whether or not the operation is answered
 from __future__ import annotations
 
 import asyncio
+import hmac
 from collections.abc import Generator
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
@@ -215,7 +216,7 @@ class Hook(Operation[T]):
         hook = state.hooks.get(self.id)
         if hook is None:
             return _PENDING
-        if hook.token_digest != self._digest:
+        if not hmac.compare_digest(hook.token_digest, self._digest):
             raise NonDeterministicError(
                 self._ctx.run_id,
                 f"hook {self.id} token differs: history token and replay token are different "

@@ -57,6 +57,22 @@ class FlowEngine(Host, Cancellation, Inspection, ChildRuns, Continuation, StepRu
         await self.store.wait_durable()
         return self.snapshot(run_id)
 
+    async def signal(
+        self, run_id: str, name: str, payload: object = None, *, id: str
+    ) -> WorkflowRunSnapshot:
+        """Send signal ``name`` to ``run_id`` once per ``id``: the CLI's order (``signal RUN
+        NAME --id ID``) and the handles' (``send_signal`` is the same with the id first)."""
+        return await self.send_signal(run_id, id, name, to_json(payload, f"signal {name}"))
+
+    async def cancel(
+        self, run_id: str, reason: str | None = None, *, force: bool = False
+    ) -> WorkflowRunSnapshot:
+        """Ask ``run_id`` to cancel (``request_cancellation``), or end it at once with
+        ``force`` (``force_cancel``): the verb of the CLI, ``FlowClient`` and the handles."""
+        if force:
+            return await self.force_cancel(run_id, reason)
+        return await self.request_cancellation(run_id, reason)
+
     def create(
         self,
         run_id: str,

@@ -197,3 +197,19 @@ def test_registration_refuses_what_cannot_run() -> None:
     app.step(plain)
     with pytest.raises(ValueError, match="already registered"):
         app.step(name="plain")(lambda: None)
+
+
+def test_the_engine_speaks_the_cli_order_for_signals_and_one_verb_for_cancelling() -> None:
+    env = WorkflowEnvironment(wf.app)
+
+    async def scenario() -> None:
+        spec = wf.app.spec(wf.approval)
+        await env.engine.start("verbs-1", spec, "t-1")
+        await env.engine.resume_hook("verbs-1", "manager", {"name": "Lin"})
+        await env.engine.signal("verbs-1", "approve", "yes", id="verbs-1-a")
+        await env.engine.signal("verbs-1", "approve", "yes", id="verbs-1-a")  # a repeat: no-op
+        assert len(env.engine.snapshot("verbs-1").signals) == 1
+        await env.engine.cancel("verbs-1", "not needed", force=True)
+
+    run(scenario())
+    assert env.engine.snapshot("verbs-1").status is flowstream.RunStatus.CANCELLED
