@@ -73,6 +73,9 @@ class Settings(FrozenModel):
     #: command topics keep a command, so it can still be looked up, and sent again.
     parked_ttl_ms: int = Field(default=7 * 24 * 3_600_000, ge=1000)
     metrics_port: int | None = None
+    #: The address the metrics server (``/metrics``, ``/healthz``) binds: loopback by default;
+    #: ``0.0.0.0`` in a container, where a published port reaches the container's interface.
+    metrics_host: str = "127.0.0.1"
     #: librdkafka debug contexts of the processor's clients (``eos,protocol``, ``all``); their
     #: lines go to the ``flowstream.kafka`` logger. Empty: none.
     kafka_debug: str = ""

@@ -43,6 +43,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--instance-id", help="stable id of this process (FLOWSTREAM_INSTANCE_ID)")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     parser.add_argument(
+        "--metrics-host",
+        help="address the metrics server binds (FLOWSTREAM_METRICS_HOST, default 127.0.0.1)",
+    )
+    parser.add_argument(
         "--eager-steps",
         action="store_true",
         default=None,
@@ -90,12 +94,14 @@ def worker_settings(args: argparse.Namespace, environ: Mapping[str, str] | None 
         state_dir=args.state_dir,
         instance_id=args.instance_id,
         metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
         app=args.app,
         eager_steps=args.eager_steps,
     )
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from flowstream.processor.health import HealthCheck
     from flowstream.processor.worker import Processor
 
     gc.set_threshold(*GC_THRESHOLDS)
@@ -114,12 +120,19 @@ def _worker(args: argparse.Namespace) -> int:
     if args.app is None and not args.build:
         runtimes = runtimes_from(settings.app, [])
     processor = Processor(settings, runtimes)
+    health = HealthCheck(processor)
     if settings.metrics_port is not None:
-        processor.metrics.serve(settings.metrics_port)
+        try:
+            processor.metrics.serve(settings.metrics_port, settings.metrics_host, health=health)
+        except OSError as exc:
+            where = f"{settings.metrics_host}:{settings.metrics_port}"
+            print(f"error: cannot serve metrics on {where}: {exc.strerror}", file=sys.stderr)
+            return 2
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        health.attach(loop)
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         # ``kill -USR1 <pid>`` prints where a stuck processor waits: every task's coroutine

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+import json
+import socket
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.types import StartResponse, WSGIEnvironment
 
-__all__ = ["ProcessorMetrics"]
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+
+__all__ = ["Health", "ProcessorMetrics"]
+
+#: ``/healthz``: whether the processor is healthy, and a report saying why (JSON).
+Health = Callable[[], tuple[bool, dict[str, Any]]]
 
 _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
@@ -110,6 +122,34 @@ class ProcessorMetrics:
             registry=r,
         )
 
-    def serve(self, port: int) -> None:
-        """Expose the metrics over HTTP on ``127.0.0.1:port``."""
-        start_http_server(port, addr="127.0.0.1", registry=self.registry)
+    def serve(
+        self, port: int, host: str = "127.0.0.1", *, health: Health | None = None
+    ) -> WSGIServer:
+        """Serve the metrics over HTTP on ``host:port`` in a daemon thread; with ``health``,
+        ``/healthz`` answers 200 or 503 with its JSON report. Returns the server (its
+        ``shutdown`` stops it)."""
+        metrics = make_wsgi_app(self.registry)
+
+        def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+            if health is None or environ.get("PATH_INFO") != "/healthz":
+                scraped: Iterable[bytes] = metrics(environ, start_response)
+                return scraped
+            ok, report = health()
+            body = json.dumps(report, sort_keys=True).encode()
+            status = "200 OK" if ok else "503 Service Unavailable"
+            headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+            start_response(status, headers)
+            return [body]
+
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        server_class = type("MetricsServer", (ThreadingWSGIServer,), {"address_family": family})
+        server: WSGIServer = make_server(host, port, app, server_class, handler_class=_QuietHandler)
+        threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+        return server
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log on stderr (a scrape every few seconds)."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
