@@ -213,3 +213,30 @@ def test_the_engine_speaks_the_cli_order_for_signals_and_one_verb_for_cancelling
 
     run(scenario())
     assert env.engine.snapshot("verbs-1").status is flowstream.RunStatus.CANCELLED
+
+
+def test_what_the_context_refuses_is_a_task_failure_that_says_what_to_do() -> None:
+    env = WorkflowEnvironment(wf.app)
+    run(env.client.start(wf.mixed, id="mixed-1"))
+    run(env.client.start(wf.undeclared, id="undeclared-1"))
+    mixed = env.engine.snapshot("mixed-1").task_failure
+    undeclared = env.engine.snapshot("undeclared-1").task_failure
+    assert mixed is not None and "one or more steps, or one or more child" in mixed.message
+    assert undeclared is not None and "@app.workflow(signals=[...])" in undeclared.message
+
+
+def test_an_answered_timer_whose_deadline_moved_is_nondeterministic() -> None:
+    env = WorkflowEnvironment(wf.app)
+    handle = run(env.client.start(wf.fixed_deadline, 5, id="deadline-1"))
+    assert run(handle.result(timeout=5)) == "woke"
+    history = env.engine.history("deadline-1")
+    # The same history read by code whose deadline is a minute later: the fired timer differs.
+    moved = WorkflowEnvironment(wf.app)
+    for envelope in history[:-1]:  # all but run_completed
+        event = envelope.event
+        if envelope.sequence == 1:
+            event = event.model_copy(update={"input": 6})
+        moved.store.append_if_sequence("deadline-1", envelope.sequence - 1, [event])
+    failure = run(moved.engine.drive("deadline-1")).task_failure
+    assert failure is not None and failure.error_type == "NonDeterministicError"
+    assert "wait sleep resume_at differs" in failure.message

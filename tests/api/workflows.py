@@ -125,3 +125,20 @@ async def failing_child(ctx: flowstream.Context) -> str:
     except flowstream.ChildFailedError as exc:
         return exc.outcome
     return "completed"
+
+
+@app.workflow
+async def mixed(ctx: flowstream.Context) -> None:
+    await ctx.gather(ctx.step(stamp), ctx.sleep(1))  # type: ignore[arg-type]
+
+
+@app.workflow
+async def undeclared(ctx: flowstream.Context) -> None:
+    await ctx.wait_for_signal("never-declared")
+
+
+@app.workflow
+async def fixed_deadline(ctx: flowstream.Context, minutes: int) -> str:
+    # The deadline comes from the input: durable, so replays agree.
+    await ctx.sleep_until(datetime(2026, 1, 1, tzinfo=UTC) + timedelta(minutes=minutes))
+    return "woke"
