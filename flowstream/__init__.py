@@ -40,6 +40,7 @@ from flowstream.errors import (
     StepError,
     StepFailedError,
     UnknownOutcomeError,
+    WorkflowNotServedError,
 )
 from flowstream.handles import EmbeddedClient, WorkflowHandle
 from flowstream.model.commands import ChildWorkflowCommand, RuntimeCommand, StepCommand
@@ -103,6 +104,7 @@ __all__ = [
     "WorkflowContext",
     "WorkflowHandle",
     "WorkflowInvocation",
+    "WorkflowNotServedError",
     "WorkflowRunSnapshot",
     "WorkflowSpec",
     "__version__",

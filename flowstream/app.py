@@ -37,8 +37,6 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar, overload
 
-from pydantic import BaseModel
-
 from flowstream.errors import ApplicationError, NonRetryableError
 from flowstream.model.commands import RuntimeCommand
 from flowstream.model.payloads import from_json, to_json
@@ -319,15 +317,13 @@ class App:
         return dict(self._workflows)
 
     @property
-    def workflow_inputs(self) -> Mapping[str, type[BaseModel] | None]:
-        """What the app serves (``flowstream.runtime``): each workflow's pydantic input model,
-        or ``None`` where its input is not one (it is decoded when the workflow runs)."""
-        served: dict[str, type[BaseModel] | None] = {}
-        for name, definition in self._workflows.items():
-            kind = definition.input_type
-            model = isinstance(kind, type) and issubclass(kind, BaseModel)
-            served[name] = kind if model else None
-        return served
+    def workflow_inputs(self) -> Mapping[str, Any]:
+        """What the app serves (``flowstream.runtime``): each workflow's input annotation, which
+        a start's input must validate against before anything is written (``None``: any)."""
+        return {
+            name: None if definition.input_type is Any else definition.input_type
+            for name, definition in self._workflows.items()
+        }
 
     # -- the FlowRuntime contract ---------------------------------------------------------
 

@@ -4,7 +4,8 @@
 performs side effects and runs at least once. Either may be a coroutine function.
 
 A runtime may also declare the workflows it serves, as a ``workflow_inputs`` mapping from
-workflow name to that workflow's input model (a pydantic model class, or ``None`` for any JSON)::
+workflow name to that workflow's input model (a pydantic model class, or any type pydantic
+validates: a dataclass, ``list[Item]``…; ``None`` for any JSON)::
 
     class OrderRuntime:
         workflow_inputs = {"order": OrderInput}
@@ -22,9 +23,10 @@ name.)
 from __future__ import annotations
 
 from collections.abc import Awaitable, Mapping
+from functools import lru_cache
 from typing import Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from flowstream.errors import InvalidInputError, WorkflowNotServedError
 from flowstream.model.base import JSON
@@ -54,10 +56,10 @@ class DeclaresWorkflows(Protocol):
     """A runtime that names the workflows it serves and, per workflow, its input model."""
 
     @property
-    def workflow_inputs(self) -> Mapping[str, type[BaseModel] | None]: ...
+    def workflow_inputs(self) -> Mapping[str, type[BaseModel] | Any | None]: ...
 
 
-def _declared(runtime: object) -> Mapping[str, type[BaseModel] | None] | None:
+def _declared(runtime: object) -> Mapping[str, Any] | None:
     # getattr, not isinstance on the protocol: this runs before every decision.
     declared = getattr(runtime, "workflow_inputs", None)
     if declared is None or isinstance(declared, Mapping):
@@ -87,9 +89,18 @@ def check_input(runtime: object, run_id: str, spec: WorkflowSpec, input: JSON) -
     if model is None:
         return
     try:
-        model.model_validate(input)
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            model.model_validate(input)
+        else:
+            _adapter(model).validate_python(input)
     except ValidationError as exc:
-        raise InvalidInputError(run_id, spec.name, model.__name__, _problems(exc)) from None
+        name = getattr(model, "__name__", repr(model))
+        raise InvalidInputError(run_id, spec.name, name, _problems(exc)) from None
+
+
+@lru_cache(maxsize=256)
+def _adapter(kind: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(kind)
 
 
 def _problems(error: ValidationError) -> str:

@@ -240,3 +240,16 @@ def test_an_answered_timer_whose_deadline_moved_is_nondeterministic() -> None:
     failure = run(moved.engine.drive("deadline-1")).task_failure
     assert failure is not None and failure.error_type == "NonDeterministicError"
     assert "wait sleep resume_at differs" in failure.message
+
+
+def test_a_start_whose_input_does_not_fit_the_annotation_is_refused_before_writing() -> None:
+    env = WorkflowEnvironment(wf.app)
+    with pytest.raises(flowstream.InvalidInputError, match=r"list\[Item\]|0\.quantity"):
+        run(env.client.start(wf.basket, [{"sku": "a"}], id="bad-basket"))
+    assert "bad-basket" not in env.engine.list_runs()
+    with pytest.raises(flowstream.WorkflowNotServedError):
+        run(env.client.start(shop.order, {"order_id": "1", "cents": 1}, id="elsewhere"))
+    shop_env = WorkflowEnvironment(shop.app)
+    with pytest.raises(flowstream.InvalidInputError, match="cents"):
+        run(shop_env.client.start(shop.order, {"order_id": "1"}, id="bad-order"))
+    assert env.engine.list_runs() == [] and shop_env.engine.list_runs() == []

@@ -63,6 +63,7 @@ EXPORTED = {
     "StepError",
     "NonRetryableError",
     "UnknownOutcomeError",
+    "WorkflowNotServedError",
     "__version__",
 }
 
