@@ -9,6 +9,7 @@ events topic until the run has ended.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from flowstream.client import FlowClient
 from flowstream.handles import Client
@@ -41,25 +42,30 @@ class KafkaClient(Client):
         """Flush what is still queued and release the producer."""
         self.flow_client.close()
 
+    async def _call(self, send: Callable[[], object]) -> None:
+        """Run one send (which may wait for the command's outcome) and flush, off the loop."""
+
+        def sent() -> None:
+            send()
+            self.flow_client.flush()
+
+        await asyncio.to_thread(sent)
+
     async def _start(self, run_id: str, spec: WorkflowSpec, input: JSON) -> None:
-        self.flow_client.start(run_id, spec, input)
-        await asyncio.to_thread(self.flow_client.flush)
+        await self._call(lambda: self.flow_client.start(run_id, spec, input))
 
     async def _wait(self, run_id: str, timeout: float | None) -> WorkflowRunSnapshot:
         wait = timeout if timeout is not None else _DEFAULT_WAIT
         return await asyncio.to_thread(self.flow_client.wait, run_id, timeout=wait)
 
     async def _signal(self, run_id: str, name: str, payload: JSON, signal_id: str) -> None:
-        self.flow_client.signal(run_id, signal_id, name, payload)
-        await asyncio.to_thread(self.flow_client.flush)
+        await self._call(lambda: self.flow_client.signal(run_id, signal_id, name, payload))
 
     async def _resume_hook(self, run_id: str, hook_id: str, payload: JSON) -> None:
-        self.flow_client.resume_hook(run_id, hook_id, payload)
-        await asyncio.to_thread(self.flow_client.flush)
+        await self._call(lambda: self.flow_client.resume_hook(run_id, hook_id, payload))
 
     async def _cancel(self, run_id: str, reason: str | None, force: bool) -> None:
-        self.flow_client.cancel(run_id, reason, force=force)
-        await asyncio.to_thread(self.flow_client.flush)
+        await self._call(lambda: self.flow_client.cancel(run_id, reason, force=force))
 
     async def _snapshot(self, run_id: str) -> WorkflowRunSnapshot:
         return await asyncio.to_thread(self.flow_client.snapshot, run_id)
