@@ -69,10 +69,15 @@ class Host(RunInputs, Inspection, Continuation):
                 raise next(iter(tick.failed.values()))
             await self._wait_until(wakeup.due, give_up)
 
-    async def wait(self, run_id: str, *, timeout: float | None = None) -> WorkflowRunSnapshot:
+    async def wait(
+        self, run_id: str, *, timeout: float | None = None, idle: float | None = None
+    ) -> WorkflowRunSnapshot:
         """Fire deadlines until ``run_id`` (the last run of its continuation chain) has ended;
-        its snapshot. ``TimeoutError`` after ``timeout`` seconds of real time."""
+        its snapshot. ``TimeoutError`` after ``timeout`` seconds of real time, or once no
+        deadline at all has been left for ``idle`` seconds (only outside input could move the
+        run: a test that forgot a signal); the error names what the run waits for."""
         give_up = None if timeout is None else time.monotonic() + timeout
+        idle_since: float | None = None
         while True:
             snapshot = self.snapshot(self.continuation_chain(run_id)[-1])
             if snapshot.is_terminal:
@@ -86,6 +91,12 @@ class Host(RunInputs, Inspection, Continuation):
                 if tick.failed:
                     raise next(iter(tick.failed.values()))
                 continue
+            if wakeup is None:
+                idle_since = idle_since or time.monotonic()
+                if idle is not None and time.monotonic() - idle_since > idle:
+                    raise TimeoutError(self._stuck(run_id))
+            else:
+                idle_since = None
             if wakeup is None or not isinstance(self._clock, SkippingClock):
                 # Nothing is due: only another task's input (or a later deadline) moves it.
                 await self._pause(wakeup.due if wakeup is not None else None, give_up, run_id)

@@ -87,7 +87,7 @@ class _CheckedClient(EmbeddedClient):
 
     async def _wait(self, run_id: str, timeout: float | None) -> WorkflowRunSnapshot:
         try:
-            return await super()._wait(run_id, timeout)
+            return await self.engine.wait(run_id, timeout=timeout, idle=self._env.idle_timeout)
         finally:
             self._env.check()
 
@@ -119,9 +119,14 @@ class WorkflowEnvironment:
         *,
         start: datetime = EPOCH,
         always_replay: bool = False,
+        idle_timeout: float | None = 2.0,
         **engine_options: Any,
     ) -> None:
         self.runtime = runtime
+        #: How long ``handle.result()`` waits, in real seconds, for outside input to a run
+        #: with no deadline left before it raises ``TimeoutError`` naming what the run waits
+        #: for (``None``: for ever).
+        self.idle_timeout = idle_timeout
         self.clock = VirtualClock(start)
         self.store = MemoryEventStore(clock=self.clock)
         self.engine = FlowEngine(self.store, runtime, clock=self.clock, **engine_options)

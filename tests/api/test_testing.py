@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 import flowstream
 from flowstream.examples import shop
 from flowstream.testing import (
+    EPOCH,
     ReplayDivergedError,
     Replayer,
     WorkflowEnvironment,
@@ -96,3 +98,17 @@ def test_fixtures_give_an_environment_of_the_runtime_under_test(
 def test_the_replayer_fixture(flow_replayer: Replayer) -> None:
     report = asyncio.run(flow_replayer.replay([]))
     assert report.ok and report.runs == []
+
+
+def test_a_result_that_only_outside_input_could_bring_says_what_the_run_waits_for() -> None:
+    env = WorkflowEnvironment(shop.app, idle_timeout=0.2)
+
+    async def scenario() -> str:
+        handle = await env.client.start(shop.order, shop.Order(order_id="w", cents=1), id="w")
+        return await handle.result()  # nobody sends "shipped"
+
+    began = time.monotonic()
+    with pytest.raises(TimeoutError, match="waiting for signal 'shipped'"):
+        asyncio.run(scenario())
+    assert time.monotonic() - began < 2.0
+    assert env.clock() >= EPOCH + timedelta(hours=1)  # the timer passed; then only input
