@@ -176,10 +176,13 @@ class WorkflowDefinition(_Registered):
     def _label(self) -> str:
         return f"workflow {self.spec.name}"
 
-    def decide(self, invocation: WorkflowInvocation) -> RuntimeCommand:
-        """Run the function from the top against the history: the cycle's one command."""
+    def decide(
+        self, invocation: WorkflowInvocation, steps: Mapping[Callable[..., Any], StepDefinition]
+    ) -> RuntimeCommand:
+        """Run the function from the top against the history, with the app's ``steps``: the
+        cycle's one command."""
         takes_input, input_type, _ = self._resolve()
-        ctx = Context(invocation.context())
+        ctx = Context(invocation.context(), steps)
         args: tuple[Any, ...] = (ctx,)
         if takes_input:
             args = (ctx, from_json(input_type, invocation.input, f"input of run {ctx.run_id}"))
@@ -217,7 +220,9 @@ class App:
     def __init__(self, *, build_id: str | None = None) -> None:
         self.build_id = build_id
         self._workflows: dict[str, WorkflowDefinition] = {}
+        self._workflow_functions: dict[Callable[..., Any], WorkflowDefinition] = {}
         self._steps: dict[str, StepDefinition] = {}
+        self._step_functions: dict[Callable[..., Any], StepDefinition] = {}
 
     # -- registration ---------------------------------------------------------------------
 
@@ -260,7 +265,9 @@ class App:
                 raise ValueError(f"a workflow called {spec.name} is already registered")
             definition = WorkflowDefinition(spec=spec, fn=fn)
             self._workflows[spec.name] = definition
-            setattr(fn, WORKFLOW_ATTRIBUTE, definition)
+            self._workflow_functions[fn] = definition
+            if not hasattr(fn, WORKFLOW_ATTRIBUTE):
+                setattr(fn, WORKFLOW_ATTRIBUTE, definition)
             return fn
 
         return register if fn is None else register(fn)
@@ -290,7 +297,9 @@ class App:
                 raise ValueError(f"a step called {step_name} is already registered")
             definition = StepDefinition(name=step_name, fn=fn, retry=retry)
             self._steps[step_name] = definition
-            setattr(fn, STEP_ATTRIBUTE, definition)
+            self._step_functions[fn] = definition
+            if not hasattr(fn, STEP_ATTRIBUTE):
+                setattr(fn, STEP_ATTRIBUTE, definition)
             return fn
 
         return register if fn is None else register(fn)
@@ -306,8 +315,8 @@ class App:
         if isinstance(workflow, str):
             found = self._workflows.get(workflow)
         else:
-            found = getattr(workflow, WORKFLOW_ATTRIBUTE, None)
-        if found is None or self._workflows.get(found.spec.name) is not found:
+            found = self._workflow_functions.get(workflow)
+        if found is None:
             raise LookupError(f"{workflow!r} is not a workflow of this app")
         return found
 
@@ -332,7 +341,7 @@ class App:
         definition = self._workflows.get(invocation.spec.name)
         if definition is None:
             raise LookupError(f"workflow {invocation.spec.name} is not registered with this app")
-        return definition.decide(invocation)
+        return definition.decide(invocation, self._step_functions)
 
     def run_step(self, invocation: StepInvocation) -> object:
         """Run one attempt of the step registered under ``invocation.step_name``."""

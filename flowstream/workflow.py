@@ -33,7 +33,7 @@ Rules, all checked:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, NoReturn, TypeVar, overload
 
@@ -75,7 +75,8 @@ R = TypeVar("R")
 
 _REQUEST = ChildCancellationPolicy.REQUEST_CANCELLATION
 
-#: The attributes ``@app.step`` and ``@app.workflow`` set on the functions they register.
+#: The attributes ``@app.step`` and ``@app.workflow`` set on the functions they register (the
+#: first registration's; an app looks its own up by function).
 STEP_ATTRIBUTE = "__flowstream_step__"
 WORKFLOW_ATTRIBUTE = "__flowstream_workflow__"
 
@@ -86,12 +87,16 @@ class Context:
     Build nothing from the clock, randomness or the environment here; read them in a step.
     """
 
-    __slots__ = ("_cancel_raised", "_counts", "_state", "raw")
+    __slots__ = ("_cancel_raised", "_counts", "_state", "_steps", "raw")
 
-    def __init__(self, raw: WorkflowContext) -> None:
+    def __init__(
+        self, raw: WorkflowContext, steps: Mapping[Callable[..., Any], Any] | None = None
+    ) -> None:
         #: The seeds' context over the same history (read helpers and command builders).
         self.raw = raw
         self._state = raw.state
+        #: The app's steps by function (a function may be a step of several apps).
+        self._steps = steps
         self._counts: dict[str, int] = {}
         self._cancel_raised = False
 
@@ -174,7 +179,10 @@ class Context:
     ) -> Operation[Any]:
         """Run step ``fn`` (registered with ``@app.step``) on ``input``; awaited, its output
         decoded by ``fn``'s return annotation. ``retry`` overrides the step's policy."""
-        step = _registered(fn)
+        step = self._steps.get(fn) if self._steps is not None else getattr(fn, STEP_ATTRIBUTE, None)
+        if step is None:
+            name = getattr(fn, "__name__", repr(fn))
+            raise TypeError(f"{name} is not a step of this app: register it with @app.step")
         name = step.name
         command = StepCommand(
             step_id=self._derive(name, id),
@@ -349,14 +357,6 @@ class Context:
             self._cancel_raised = True
             raise asyncio.CancelledError("the run's cancellation was requested")
         return answer
-
-
-def _registered(fn: Callable[..., Any]) -> Any:
-    step = getattr(fn, STEP_ATTRIBUTE, None)
-    if step is None:
-        name = getattr(fn, "__name__", repr(fn))
-        raise TypeError(f"{name} is not a step: register it with @app.step")
-    return step
 
 
 def _registered_workflow(fn: Callable[..., Any]) -> Any:

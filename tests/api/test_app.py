@@ -184,19 +184,30 @@ def test_the_one_hour_timer_of_a_test_finishes_well_under_a_second() -> None:
     assert waits[0].event.resume_at == EPOCH + timedelta(minutes=5)
 
 
-def test_registration_refuses_what_cannot_run() -> None:
+def test_registration_refuses_what_cannot_run_and_steps_belong_to_their_app() -> None:
     app = flowstream.App()
     with pytest.raises(TypeError, match="async def"):
         app.workflow(lambda ctx: None)
 
-    def plain() -> None: ...
+    def plain() -> str:
+        return "plain"
 
-    ctx_step = flowstream.Context.step
-    with pytest.raises(TypeError, match=r"register it with @app\.step"):
-        ctx_step(None, plain)  # type: ignore[arg-type, call-overload]
+    @app.workflow
+    async def uses_plain(ctx: flowstream.Context) -> str:
+        return await ctx.step(plain)
+
+    env = WorkflowEnvironment(app)
+    run(env.client.start(uses_plain, id="unregistered"))
+    failure = env.engine.snapshot("unregistered").task_failure
+    assert failure is not None and "not a step of this app" in failure.message
     app.step(plain)
     with pytest.raises(ValueError, match="already registered"):
         app.step(name="plain")(lambda: None)
+    # The same function may be a step of another app, with its own policy.
+    other = flowstream.App()
+    other.step(retry=flowstream.RetryPolicy.none())(plain)
+    assert run(run(env.client.start(uses_plain, id="registered")).result(timeout=5)) == "plain"
+    assert env.engine.snapshot("registered").steps["plain"].retry == flowstream.RetryPolicy()
 
 
 def test_the_engine_speaks_the_cli_order_for_signals_and_one_verb_for_cancelling() -> None:

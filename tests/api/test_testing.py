@@ -21,6 +21,8 @@ from flowstream.testing import (
 )
 from tests.api import workflows as wf
 
+HERE = Path(__file__).resolve().parent
+
 
 def test_always_replay_catches_a_workflow_that_reads_the_clock() -> None:
     env = WorkflowEnvironment(wf.app, always_replay=True)
@@ -112,3 +114,11 @@ def test_a_result_that_only_outside_input_could_bring_says_what_the_run_waits_fo
         asyncio.run(scenario())
     assert time.monotonic() - began < 2.0
     assert env.clock() >= EPOCH + timedelta(hours=1)  # the timer passed; then only input
+
+
+def test_exported_histories_kept_with_the_code_replay_against_it() -> None:
+    # ``python -m tests.api.record`` wrote them: one finished run and one waiting for its signal.
+    report = asyncio.run(Replayer(shop.app).replay_file(HERE / "histories" / "shop.json"))
+    assert [run.run_id for run in report.runs] == ["order-1", "order-2"]
+    assert report.ok, [run.problems for run in report.runs]
+    assert all(run.decisions_checked >= 4 for run in report.runs)
