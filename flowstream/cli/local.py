@@ -82,8 +82,12 @@ def register(subparsers: Any) -> None:
 
 
 def load_runtime(spec: str) -> FlowRuntime:
+    """The runtime at ``module:attribute`` (without an attribute: ``runtime``, else ``app``)."""
     module_name, _, attribute = spec.partition(":")
-    runtime = getattr(importlib.import_module(module_name), attribute or "runtime")
+    module = importlib.import_module(module_name)
+    runtime = getattr(module, attribute) if attribute else getattr(module, "runtime", None)
+    if runtime is None:
+        runtime = getattr(module, "app", None)
     if not isinstance(runtime, FlowRuntime):
         raise SystemExit(f"{spec} is not a FlowRuntime (needs run_workflow and run_step)")
     return runtime

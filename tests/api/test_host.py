@@ -67,3 +67,12 @@ def test_history_json_exports_what_the_replayer_reads(tmp_path: Path) -> None:
     export = cli("history", "--json", "--app", app)
     report = asyncio.run(Replayer(order.runtime).replay_export(export))
     assert report.ok and len(report.runs) == 1 and report.runs[0].decisions_checked >= 5
+
+
+def test_the_cli_loads_an_app_by_module_alone() -> None:
+    from flowstream.cli.local import load_runtime
+    from flowstream.examples import shop
+
+    assert load_runtime("flowstream.examples.shop") is shop.app
+    assert load_runtime("flowstream.examples.shop:app") is shop.app
+    assert load_runtime("flowstream.examples.order") is order.runtime
