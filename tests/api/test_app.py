@@ -264,3 +264,14 @@ def test_a_start_whose_input_does_not_fit_the_annotation_is_refused_before_writi
     with pytest.raises(flowstream.InvalidInputError, match="cents"):
         run(shop_env.client.start(shop.order, {"order_id": "1"}, id="bad-order"))
     assert env.engine.list_runs() == [] and shop_env.engine.list_runs() == []
+
+
+def test_the_raw_contract_takes_models_and_dataclasses_as_payloads() -> None:
+    from tests.api.typed_example import RawRuntime
+
+    env = WorkflowEnvironment(RawRuntime())
+    spec = flowstream.WorkflowSpec(name="raw")
+    snapshot = run(env.engine.start("raw-1", spec, Item("x", 1)))  # a dataclass start input
+    assert snapshot.input == {"sku": "x", "quantity": 1}
+    assert snapshot.steps["count"].input == {"order_id": "1", "lines": {"a": 1}}  # a model
+    assert snapshot.output == {"a": 1}

@@ -77,3 +77,17 @@ def raw_context(ctx: flowstream.WorkflowContext, data: dict[str, int]) -> flowst
 
 
 engine: flowstream.FlowRuntime = app
+
+
+class RawRuntime:
+    """The seeds' contract, typed: a step that returns ``dict[str, int]`` is a FlowRuntime."""
+
+    def run_workflow(self, invocation: flowstream.WorkflowInvocation) -> flowstream.RuntimeCommand:
+        return raw_context(invocation.context(), {"a": 1})
+
+    def run_step(self, invocation: flowstream.StepInvocation) -> dict[str, int]:
+        order = invocation.input_as(Order)
+        return dict(order.lines)
+
+
+raw: flowstream.FlowRuntime = RawRuntime()
