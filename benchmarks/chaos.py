@@ -194,7 +194,8 @@ class _Driver:
         env[EFFECTS_ENV] = str(self.effects)
         self.workers = _Workers(self.bootstrap, prefix, root, env)
         self.client = FlowClient(
-            Settings(bootstrap=self.bootstrap, topic_prefix=prefix, group=f"{prefix}-client")
+            Settings(bootstrap=self.bootstrap, topic_prefix=prefix, group=f"{prefix}-client"),
+            wait=False,
         )
         self.expected = Expectations()
         self.tokens: dict[str, str] = {}

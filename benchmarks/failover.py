@@ -102,7 +102,8 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
     env = {f"FLOWSTREAM_{k.upper()}": v for k, v in args.set}
     state_root = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=args.data_dir))
     client = FlowClient(
-        Settings(bootstrap=harness.BOOTSTRAP, topic_prefix=prefix, group=f"{prefix}-client")
+        Settings(bootstrap=harness.BOOTSTRAP, topic_prefix=prefix, group=f"{prefix}-client"),
+        wait=False,
     )
     workers = [
         harness.Worker(name, prefix=prefix, state_root=state_root, env=env) for name in ("w1", "w2")

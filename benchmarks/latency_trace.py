@@ -32,7 +32,8 @@ async def trace(
     harness.apply_topics(prefix)
     worker = harness.Worker("w1", prefix=prefix, state_root=Path(tempfile.mkdtemp()), env=env)
     client = FlowClient(
-        Settings(bootstrap=harness.BOOTSTRAP, topic_prefix=prefix, group=f"{prefix}-client")
+        Settings(bootstrap=harness.BOOTSTRAP, topic_prefix=prefix, group=f"{prefix}-client"),
+        wait=False,
     )
     timelines: list[list[tuple[str, float, float]]] = []
     try:

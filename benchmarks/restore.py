@@ -46,7 +46,8 @@ def run_ids_on(partition: int, count: int, partitions: int, tag: str) -> list[st
 async def fill(prefix: str, events: int, state_root: Path, in_flight: int) -> dict[str, Any]:
     """Drive runs on partition 0 until it holds ``events`` events; returns what was written."""
     client = FlowClient(
-        Settings(bootstrap=harness.BOOTSTRAP, topic_prefix=prefix, group=f"{prefix}-client")
+        Settings(bootstrap=harness.BOOTSTRAP, topic_prefix=prefix, group=f"{prefix}-client"),
+        wait=False,
     )
     worker = harness.Worker("filler", prefix=prefix, state_root=state_root)
     counted = {"events": 0}

@@ -334,7 +334,10 @@ def restart(
         probe_s = None
         if restored:
             client = FlowClient(
-                Settings(bootstrap=harness.BOOTSTRAP, topic_prefix=prefix, group=f"{prefix}-client")
+                Settings(
+                    bootstrap=harness.BOOTSTRAP, topic_prefix=prefix, group=f"{prefix}-client"
+                ),
+                wait=False,
             )
             sent_at = watch.elapsed()
             for run_id in probes:

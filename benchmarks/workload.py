@@ -134,7 +134,8 @@ async def run_kafka(args: argparse.Namespace) -> list[dict[str, Any]]:
     broker_cpu = harness.cpu_seconds(broker) if broker else 0.0
     records: list[dict[str, Any]] = []
     client = FlowClient(
-        Settings(bootstrap=harness.BOOTSTRAP, topic_prefix=prefix, group=f"{prefix}-client")
+        Settings(bootstrap=harness.BOOTSTRAP, topic_prefix=prefix, group=f"{prefix}-client"),
+        wait=False,
     )
     tracker = None
     workers: list[harness.Worker] = []

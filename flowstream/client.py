@@ -4,6 +4,17 @@ Commands are keyed by run id and sent to ``partition_for(run_id)`` explicitly. S
 idempotent by run id and signalling by signal id (the processor enforces both), so a client may
 retry any send. Reads use ``read_committed``: only events of committed transactions are seen.
 
+Every command carries a command id (one the caller gives, or a new one), and by default the
+client waits for its outcome on the outcomes topic (``wait=False``, on the client or per call,
+sends and returns at once). An applied command or a no-op (a duplicate) returns its
+``CommandOutcome``; a rejected one raises the error the embedded engine raises for the same
+request (``RunConflictError``, ``RunNotFoundError``, ``InvalidInputError``...,
+:func:`flowstream.errors.error_from`), with the processor's reason; a parked one raises
+``CommandParkedError`` (``RunNotStartedError``, also a ``RunNotFoundError``, for a run that does
+not exist yet: the command applies if it starts within the parked time-to-live). No outcome within
+the timeout raises ``TimeoutError`` (no processor owns the partition, say); the command stays on
+its topic. Any client can read any command's outcomes (:meth:`FlowClient.outcomes`).
+
 A record that does not decode is logged and skipped (:func:`flowstream.wire.decode_events`):
 reading any other run of its partition goes on; reading the run its key names raises
 ``CorruptHistoryError``, since that history cannot be read completely.
@@ -25,7 +36,9 @@ from flowstream.model.events import EventEnvelope
 from flowstream.model.messages import (
     CancelRun,
     CommandMessage,
+    CommandOutcome,
     DisposeHook,
+    OutcomeStatus,
     ResumeHook,
     RetryRun,
     SendSignal,
@@ -33,6 +46,7 @@ from flowstream.model.messages import (
 )
 from flowstream.model.snapshot import WorkflowRunSnapshot
 from flowstream.model.spec import WorkflowSpec
+from flowstream.outcomes import MAX_FORWARDS, OutcomeReader, answer, high_watermark, new_command_id
 from flowstream.partitioning import partition_for
 from flowstream.replay.decide import token_digest
 from flowstream.replay.state import RunState
@@ -43,22 +57,12 @@ from flowstream.topology import (
     CMD_SIGNAL,
     CMD_START,
     EVENTS,
+    OUTCOMES,
     Topology,
     load_topology,
 )
 
 __all__ = ["EventTail", "FlowClient"]
-
-#: Metadata answers that pass once the cluster catches up (a new topic, a leader election).
-_PASSING_ERRORS = frozenset(
-    {
-        clients.KafkaError.NOT_LEADER_FOR_PARTITION,
-        clients.KafkaError.LEADER_NOT_AVAILABLE,
-        clients.KafkaError.UNKNOWN_TOPIC_OR_PART,
-        clients.KafkaError._UNKNOWN_PARTITION,
-        clients.KafkaError._TIMED_OUT,
-    }
-)
 
 
 def _unreadable(run_id: str, bad: list[wire.BadRecord]) -> CorruptHistoryError:
@@ -73,50 +77,201 @@ def _unreadable(run_id: str, bad: list[wire.BadRecord]) -> CorruptHistoryError:
 class FlowClient:
     """Sends commands to a flowstream deployment and reads runs from its events topic."""
 
-    def __init__(self, settings: Settings, *, topology: Topology | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        topology: Topology | None = None,
+        wait: bool = True,
+        timeout: float = 30.0,
+    ) -> None:
+        """``wait``: whether commands wait for their outcome unless a call says otherwise;
+        ``timeout``: for how long, in seconds."""
         self.settings = settings
+        self.wait_outcomes = wait
+        self.outcome_timeout = timeout
         self.topology = topology or load_topology()
         self.topics = self.topology.names(settings.topic_prefix)
         self.partitions = self.topology.run_partitions
         # A command goes out at once (librdkafka still batches what queues while a request is
         # in flight): a start waiting out a linger is latency every run pays.
         self._producer = clients.new_producer(settings.bootstrap, {"linger.ms": 0})
+        # Reads the outcomes of the commands this client waits for.
+        self._reader = OutcomeReader(settings, self.topics[OUTCOMES], self.partitions)
 
     # -- commands -------------------------------------------------------------------------
 
-    def _send(self, suffix: str, run_id: str, command: CommandMessage) -> None:
+    def _send(
+        self,
+        suffix: str,
+        key: str,
+        command: CommandMessage,
+        wait: bool | None,
+        timeout: float | None,
+    ) -> CommandOutcome | None:
+        """Produce ``command`` to the partition of ``key``; with ``wait`` (the client's default
+        when ``None``), return its outcome or raise what it means (:func:`answer`)."""
+        waiting = self.wait_outcomes if wait is None else wait
+        seconds = self.outcome_timeout if timeout is None else timeout
+        partition = partition_for(key, self.partitions)
+        deadline = time.monotonic() + seconds
+        # Its outcome is written after it, so after the end the outcomes partition has now.
+        start = self._reader.end(partition, deadline) if waiting else None
         self._producer.produce(
             self.topics[suffix],
             value=codec.encode_message(command),
-            key=run_id.encode(),
-            partition=partition_for(run_id, self.partitions),
+            key=key.encode(),
+            partition=partition,
         )
         self._producer.poll(0)
+        if start is None:
+            return None
+        self.flush(seconds)
+        command_id = getattr(command, "command_id", None)
+        assert command_id is not None
+        return answer(self._reader.wait(command_id, key, partition, start, deadline))
 
-    def start(self, run_id: str, spec: WorkflowSpec, input: JSON = None) -> None:
-        self._send(CMD_START, run_id, StartRun(run_id=run_id, spec=spec, input=input))
+    def start(
+        self,
+        run_id: str,
+        spec: WorkflowSpec,
+        input: JSON = None,
+        *,
+        command_id: str | None = None,
+        wait: bool | None = None,
+        timeout: float | None = None,
+    ) -> CommandOutcome | None:
+        """Start ``run_id`` (idempotent for the same spec and input; another raises
+        ``RunConflictError``). Returns the outcome when it waited for it."""
+        command = StartRun(
+            run_id=run_id, spec=spec, input=input, command_id=command_id or new_command_id()
+        )
+        return self._send(CMD_START, run_id, command, wait, timeout)
 
-    def signal(self, run_id: str, signal_id: str, name: str, payload: JSON = None) -> None:
-        command = SendSignal(run_id=run_id, signal_id=signal_id, name=name, payload=payload)
-        self._send(CMD_SIGNAL, run_id, command)
+    def signal(
+        self,
+        run_id: str,
+        signal_id: str,
+        name: str,
+        payload: JSON = None,
+        *,
+        command_id: str | None = None,
+        wait: bool | None = None,
+        timeout: float | None = None,
+    ) -> CommandOutcome | None:
+        command = SendSignal(
+            run_id=run_id,
+            signal_id=signal_id,
+            name=name,
+            payload=payload,
+            command_id=command_id or new_command_id(),
+        )
+        return self._send(CMD_SIGNAL, run_id, command, wait, timeout)
 
-    def resume_hook(self, run_id: str, hook_id: str, payload: JSON = None) -> None:
-        self._send(CMD_HOOK, run_id, ResumeHook(run_id=run_id, hook_id=hook_id, payload=payload))
+    def resume_hook(
+        self,
+        run_id: str,
+        hook_id: str,
+        payload: JSON = None,
+        *,
+        command_id: str | None = None,
+        wait: bool | None = None,
+        timeout: float | None = None,
+    ) -> CommandOutcome | None:
+        command = ResumeHook(
+            run_id=run_id,
+            hook_id=hook_id,
+            payload=payload,
+            command_id=command_id or new_command_id(),
+        )
+        return self._send(CMD_HOOK, run_id, command, wait, timeout)
 
-    def resume_hook_by_token(self, token: str, payload: JSON = None) -> None:
-        """Resume the hook that owns ``token`` (a bearer secret: it is never logged)."""
-        command = ResumeHook(token=SecretStr(token), payload=payload)
-        self._send(CMD_HOOK, token_digest(token), command)
+    def resume_hook_by_token(
+        self,
+        token: str,
+        payload: JSON = None,
+        *,
+        command_id: str | None = None,
+        wait: bool | None = None,
+        timeout: float | None = None,
+    ) -> CommandOutcome | None:
+        """Resume the hook that owns ``token`` (a bearer secret: it is never logged). Its
+        outcomes are on the partition of the token's digest, then on the hook's run's."""
+        command = ResumeHook(
+            token=SecretStr(token), payload=payload, command_id=command_id or new_command_id()
+        )
+        return self._send(CMD_HOOK, token_digest(token), command, wait, timeout)
 
-    def dispose_hook(self, run_id: str, hook_id: str) -> None:
-        self._send(CMD_HOOK, run_id, DisposeHook(run_id=run_id, hook_id=hook_id))
+    def dispose_hook(
+        self,
+        run_id: str,
+        hook_id: str,
+        *,
+        command_id: str | None = None,
+        wait: bool | None = None,
+        timeout: float | None = None,
+    ) -> CommandOutcome | None:
+        command = DisposeHook(
+            run_id=run_id, hook_id=hook_id, command_id=command_id or new_command_id()
+        )
+        return self._send(CMD_HOOK, run_id, command, wait, timeout)
 
-    def cancel(self, run_id: str, reason: str | None = None, *, force: bool = False) -> None:
-        self._send(CMD_CANCEL, run_id, CancelRun(run_id=run_id, reason=reason, force=force))
+    def cancel(
+        self,
+        run_id: str,
+        reason: str | None = None,
+        *,
+        force: bool = False,
+        command_id: str | None = None,
+        wait: bool | None = None,
+        timeout: float | None = None,
+    ) -> CommandOutcome | None:
+        command = CancelRun(
+            run_id=run_id, reason=reason, force=force, command_id=command_id or new_command_id()
+        )
+        return self._send(CMD_CANCEL, run_id, command, wait, timeout)
 
-    def retry(self, run_id: str) -> None:
-        """Ask the run's owner to drive it again now (after its code or a dependency was fixed)."""
-        self._send(CMD_CANCEL, run_id, RetryRun(run_id=run_id))
+    def retry(
+        self,
+        run_id: str,
+        *,
+        command_id: str | None = None,
+        wait: bool | None = None,
+        timeout: float | None = None,
+    ) -> CommandOutcome | None:
+        """Ask the run's owner to drive it again now (after its code or a dependency was fixed).
+        A run that ended answers with a no-op; one that does not exist raises
+        ``RunNotFoundError``."""
+        command = RetryRun(run_id=run_id, command_id=command_id or new_command_id())
+        return self._send(CMD_CANCEL, run_id, command, wait, timeout)
+
+    # -- outcomes -------------------------------------------------------------------------
+
+    def outcomes(self, command_id: str, key: str, *, timeout: float = 30) -> list[CommandOutcome]:
+        """Every outcome of command ``command_id`` so far, in order, read by any client from the
+        outcomes partition of ``key`` (the run the command addressed; for a token-only hook
+        resumption, the token's digest) and, after a forward, of the run it was sent on to."""
+        found: list[CommandOutcome] = []
+        for _ in range(MAX_FORWARDS + 1):
+            partition = partition_for(key, self.partitions)
+            tail = EventTail(self.settings, [partition], topic=self.topics[OUTCOMES])
+            try:
+                records = tail.read_records_to_end(timeout=timeout)
+            finally:
+                tail.close()
+            found.extend(wire.outcomes_of(records, command_id))
+            last = found[-1] if found else None
+            if last is None or last.status is not OutcomeStatus.FORWARDED:
+                break
+            assert last.forwarded_to is not None
+            key = last.forwarded_to
+        return found
+
+    def outcome(self, command_id: str, key: str, *, timeout: float = 30) -> CommandOutcome | None:
+        """The latest outcome of command ``command_id`` (:meth:`outcomes`); ``None`` if none was
+        written yet."""
+        found = self.outcomes(command_id, key, timeout=timeout)
+        return found[-1] if found else None
 
     def flush(self, timeout: float = 30) -> None:
         if self._producer.flush(timeout):
@@ -124,6 +279,7 @@ class FlowClient:
 
     def close(self) -> None:
         self.flush()
+        self._reader.close()
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -172,15 +328,21 @@ class FlowClient:
     def snapshot(self, run_id: str, *, timeout: float = 30) -> WorkflowRunSnapshot:
         return RunState.from_history(self.history(run_id, timeout=timeout)).snapshot()
 
-    def wait(self, run_id: str, *, timeout: float = 60) -> WorkflowRunSnapshot:
-        """Block until ``run_id`` is terminal (following no continuation) and return it."""
-        results = self.wait_all([run_id], timeout=timeout)
+    def wait(
+        self, run_id: str, *, timeout: float = 60, must_exist: bool = False
+    ) -> WorkflowRunSnapshot:
+        """Block until ``run_id`` is terminal (following no continuation) and return it; with
+        ``must_exist``, raise ``RunNotFoundError`` at once if it has no committed event yet."""
+        results = self.wait_all([run_id], timeout=timeout, must_exist=must_exist)
         return results[run_id]
 
     def wait_all(
-        self, run_ids: Iterable[str], *, timeout: float = 60
+        self, run_ids: Iterable[str], *, timeout: float = 60, must_exist: bool = False
     ) -> dict[str, WorkflowRunSnapshot]:
-        """Tail the events topic until every run in ``run_ids`` is terminal."""
+        """Tail the events topic until every run in ``run_ids`` is terminal. With
+        ``must_exist``, the partitions are read to their end first, and a run without a
+        committed event by then raises ``RunNotFoundError`` (without it, such a run is waited
+        for: its start may be on its way)."""
         wanted = set(run_ids)
         partitions = sorted({partition_for(r, self.partitions) for r in wanted})
         states: dict[str, RunState] = {}
@@ -192,23 +354,31 @@ class FlowClient:
             if run_id is not None and run_id in wanted and run_id not in done:
                 raise _unreadable(run_id, [bad])
 
+        def take(envelopes: Iterable[EventEnvelope]) -> None:
+            for envelope in envelopes:
+                if envelope.run_id not in wanted or envelope.run_id in done:
+                    continue
+                state = states.get(envelope.run_id)
+                if state is None:
+                    state = states[envelope.run_id] = RunState.first(envelope)
+                else:
+                    state.apply(envelope)
+                if state.is_terminal:
+                    done[envelope.run_id] = state.snapshot()
+
         tail = EventTail(self.settings, partitions, topic=self.topics[EVENTS], on_bad=unreadable)
         deadline = time.monotonic() + timeout
         try:
+            if must_exist:
+                take(tail.read_to_end(timeout=timeout))
+                missing = sorted(wanted - set(states))
+                if missing:
+                    raise RunNotFoundError(missing[0])
             while len(done) < len(wanted):
                 if time.monotonic() > deadline:
                     missing = sorted(wanted - set(done))
                     raise TimeoutError(f"{len(missing)} run(s) not terminal in time: {missing[:5]}")
-                for envelope in tail.poll(0.1):
-                    if envelope.run_id not in wanted or envelope.run_id in done:
-                        continue
-                    state = states.get(envelope.run_id)
-                    if state is None:
-                        state = states[envelope.run_id] = RunState.first(envelope)
-                    else:
-                        state.apply(envelope)
-                    if state.is_terminal:
-                        done[envelope.run_id] = state.snapshot()
+                take(tail.poll(0.1))
         finally:
             tail.close()
         return done
@@ -287,20 +457,7 @@ class EventTail:
                     found.append(message)
 
     def _high_watermark(self, partition: int, deadline: float) -> int:
-        """The partition's high watermark. A topic just created, or a leader just moved, answers
-        "not leader" or "unknown partition" for a moment: asked again until ``deadline``."""
-        while True:
-            try:
-                _, high = self._consumer.get_watermark_offsets(
-                    clients.TopicPartition(self.topic, partition), timeout=10, cached=False
-                )
-                return int(high)
-            except clients.KafkaException as exc:
-                error = exc.args[0]
-                passing = error.retriable() or error.code() in _PASSING_ERRORS
-                if not passing or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        return high_watermark(self._consumer, self.topic, partition, deadline)
 
     def close(self) -> None:
         self._consumer.close()

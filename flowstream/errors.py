@@ -12,6 +12,10 @@
     ├── RunConflictError             a start/signal/cancel disagrees with what is durable
     │   └── HookTokenConflictError   a hook token is already active in another run
     ├── RunNotFoundError             no history for the run id
+    │   └── RunNotStartedError       (Kafka) a command for a run that does not exist yet is
+    │                                 parked until it starts (also a CommandParkedError)
+    ├── CommandParkedError           (Kafka) a command waits in its partition's inbox (its run
+    │                                 does not exist yet, its build is not served there)
     ├── PayloadTooLargeError         an event exceeds MAX_EVENT_BYTES
     ├── InvalidIdentifierError       a run, step, wait, hook, signal or patch id is malformed
     ├── RuntimeBuildUnavailableError the run is pinned to a build this engine cannot serve
@@ -33,6 +37,9 @@
         └── ChildFailedError         a child workflow ended without completing
 
 Messages never contain hook tokens or other secrets; they say what to do next where possible.
+
+A Kafka client raises the class a processor named in a command's outcome (:func:`error_from`):
+the same class the embedded engine raises for the same request, with the processor's message.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from __future__ import annotations
 __all__ = [
     "ApplicationError",
     "ChildFailedError",
+    "CommandParkedError",
     "CorruptHistoryError",
     "EventConflictError",
     "FlowError",
@@ -55,6 +63,7 @@ __all__ = [
     "RunConflictError",
     "RunFailedError",
     "RunNotFoundError",
+    "RunNotStartedError",
     "RuntimeBuildUnavailableError",
     "SerializationError",
     "StepError",
@@ -62,6 +71,7 @@ __all__ = [
     "StoreLockedError",
     "UnknownOutcomeError",
     "WorkflowNotServedError",
+    "error_from",
 ]
 
 
@@ -133,6 +143,25 @@ class RunNotFoundError(FlowError):
 
     def __init__(self, run_id: str) -> None:
         super().__init__(f"run {run_id} does not exist", run_id=run_id)
+
+
+class CommandParkedError(FlowError):
+    """A command sent to a Kafka deployment waits in its partition's inbox: it applies once it
+    can (its run starts, its build is served), within the parked time-to-live, and is given up
+    with the reason after it. ``kind`` names the error it meets meanwhile."""
+
+    def __init__(self, message: str, *, run_id: str | None = None, kind: str | None = None) -> None:
+        super().__init__(message, run_id=run_id)
+        self.kind = kind
+
+
+class RunNotStartedError(CommandParkedError, RunNotFoundError):
+    """The run does not exist (yet): a Kafka command for it (a signal, a hook resumption) is
+    parked until it starts, within the parked time-to-live."""
+
+    def __init__(self, message: str, *, run_id: str | None = None) -> None:
+        FlowError.__init__(self, message, run_id=run_id)
+        self.kind = RunNotFoundError.__name__
 
 
 class PayloadTooLargeError(FlowError):
@@ -255,3 +284,25 @@ class ChildFailedError(ApplicationError):
         self.child_id = child_id
         self.outcome = outcome
         self.error = error
+
+
+def _named() -> dict[str, type[FlowError]]:
+    found: dict[str, type[FlowError]] = {}
+    pending: list[type[FlowError]] = [FlowError]
+    while pending:
+        cls = pending.pop()
+        if cls.__module__ == __name__:
+            found.setdefault(cls.__name__, cls)
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+def error_from(kind: str | None, message: str, *, run_id: str | None = None) -> FlowError:
+    """The error of class ``kind`` (a name in this module, e.g. ``RunConflictError``) with
+    ``message``, as a Kafka client raises a command's rejection; a kind this release does not
+    know (or none) gives a ``FlowError``. Only the message and ``run_id`` are set: attributes
+    that the class's own constructor sets (``InvalidInputError.problems``, say) are not."""
+    cls = _named().get(kind or "", FlowError)
+    error = cls.__new__(cls)
+    FlowError.__init__(error, message, run_id=run_id)
+    return error

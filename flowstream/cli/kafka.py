@@ -2,22 +2,30 @@
 deployment.
 
 The embedded commands (``flowstream status``, ``signal``… of :mod:`flowstream.cli.local`) execute
-a run inside this process against a RocksDB directory. These only *send* a command to the run's
-partition of a command topic, for whichever processor owns it to apply, and read runs back from
-the events topic. Same verbs, another meaning and other options (``--bootstrap``, ``--prefix``,
+a run inside this process against a RocksDB directory. These *send* a command to the run's
+partition of a command topic, for whichever processor owns it to apply, wait for its outcome
+(``--no-wait``: send and return), and read runs back from the events topic. Same verbs,
+another meaning and other options (``--bootstrap``, ``--prefix``,
 ``--topology`` instead of ``--data``, ``--app``), hence a group of their own.
 
 * Before anything is sent or read, the topics involved must exist with the topology's partition
   count: a command routed with another count would land on a partition that does not own its run.
 * Starting is idempotent by run id and signalling by signal id (processors enforce both), so any
-  command may be sent again with the same ids.
+  command may be sent again with the same ids; a start of an existing run with another spec or
+  input is refused (``RunConflictError``), as in embedded mode.
+* A command's outcome is written by the processor that applied it, in the same transaction; the
+  verb prints it in one line (``applied``, or ``noop`` with why) and exits 0, or exits non-zero
+  with the processor's reason: 1 refused (an unknown run, a wrong token, an input that does not
+  validate...), 4 parked (its run does not exist yet, its build is not served: it applies if it
+  can within the parked time-to-live). ``--timeout`` bounds the wait.
 * ``retry`` asks the run's owner to drive it again now: after the code its workflow raised in
   was fixed and deployed, say. A run that is suspended or ended is left as it is.
 * ``hook --token-stdin`` reads a hook token from standard input (without echo on a terminal) and
   resumes the hook by the token alone. No option takes a token and nothing prints one.
 * Standard output carries the answer (a confirmation, a snapshot, history lines, a run's output),
-  standard error the rest. Exit codes: 0 done; 1 error (broker, topics, unknown run, time out);
-  2 bad usage; 3 an awaited run ended without completing.
+  standard error the rest. Exit codes: 0 done; 1 error (broker, topics, unknown run, a refused
+  command, time out); 2 bad usage; 3 an awaited run ended without completing; 4 the command is
+  parked.
 """
 
 from __future__ import annotations
@@ -36,9 +44,10 @@ import orjson
 from pydantic import ValidationError
 
 from flowstream.client import FlowClient
-from flowstream.errors import FlowError, RunNotFoundError
+from flowstream.errors import CommandParkedError, FlowError, RunNotFoundError
 from flowstream.kafka import clients
 from flowstream.model.base import JSON
+from flowstream.model.messages import CommandOutcome
 from flowstream.model.snapshot import RunStatus, WorkflowRunSnapshot
 from flowstream.model.spec import WorkflowSpec
 from flowstream.replay.liveness import condition
@@ -50,6 +59,7 @@ from flowstream.topology import (
     CMD_SIGNAL,
     CMD_START,
     EVENTS,
+    OUTCOMES,
     Topology,
     TopologyError,
     load_topology,
@@ -59,6 +69,8 @@ __all__ = ["problems", "register"]
 
 #: The awaited run ended failed, cancelled or continued as new.
 EXIT_NOT_COMPLETED = 3
+#: The command is parked: it applies once it can, within the parked time-to-live.
+EXIT_PARKED = 4
 
 
 _Work = Callable[[argparse.Namespace, FlowClient], int]
@@ -68,8 +80,10 @@ _DESCRIPTION = (
     "Send start, signal, hook, cancel and retry commands to the processors of a Kafka deployment "
     "and read runs back from its events topic. Unlike the embedded commands (flowstream "
     "status, signal, ...), nothing runs here: the processor that owns the run's partition "
-    "applies each command. Starting is idempotent by run id and signalling by signal id. "
-    "Exit codes: 0 done; 1 error; 2 bad usage; 3 an awaited run ended without completing."
+    "applies each command; each verb waits for its outcome (--no-wait: send and return). "
+    "Starting is idempotent by run id and signalling by signal id. Exit codes: 0 done; 1 error "
+    "(a refused command among them); 2 bad usage; 3 an awaited run ended without completing; "
+    "4 the command is parked."
 )
 
 
@@ -111,16 +125,25 @@ def register(subparsers: Any) -> None:
         "--timeout",
         type=float,
         default=30.0,
-        help="seconds to wait for the brokers, a read or an awaited result (default 30)",
+        help="seconds to wait for the brokers, a read, an outcome or an awaited result "
+        "(default 30)",
+    )
+    sending = argparse.ArgumentParser(add_help=False)
+    sending.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="send the command and return, without waiting for its outcome",
     )
 
     def add(
         name: str, help: str, work: _Work, suffixes: Iterable[str], *, reads: bool = False
     ) -> argparse.ArgumentParser:
+        parents = [common] if reads else [common, sending]
         verb: argparse.ArgumentParser = verbs.add_parser(
-            name, help=help, description=help, parents=[common]
+            name, help=help, description=help, parents=parents
         )
-        verb.set_defaults(handler=_handler(work, tuple(suffixes), reads=reads))
+        needed = tuple(suffixes) if reads else (*suffixes, OUTCOMES)
+        verb.set_defaults(handler=_handler(work, needed, reads=reads))
         return verb
 
     start = add("start", "start a run (idempotent by run id)", _start, (CMD_START, EVENTS))
@@ -199,6 +222,9 @@ def _handler(
         except ValidationError as exc:
             print(f"{prefix} {problems(exc)}", file=sys.stderr)
             return 2
+        except CommandParkedError as exc:
+            print(f"flowstream kafka {args.verb}: parked: {exc}", file=sys.stderr)
+            return EXIT_PARKED
         except (FlowError, TimeoutError) as exc:
             print(f"{prefix} {exc}", file=sys.stderr)
             return 1
@@ -316,21 +342,43 @@ def _outcome(snapshot: WorkflowRunSnapshot) -> int:
 # -- verbs --------------------------------------------------------------------------------
 
 
+def _said(done: str, outcome: CommandOutcome | None) -> str:
+    """What a verb prints: ``sent …`` without waiting, else the outcome (and why, if given)."""
+    if outcome is None:
+        return f"sent {done}"
+    said = f"{done}: {outcome.status.value}"
+    return f"{said} ({outcome.reason})" if outcome.reason else said
+
+
 def _start(args: argparse.Namespace, client: FlowClient) -> int:
+    if args.wait and args.no_wait:
+        raise _UsageError("--wait waits for the run to end: it cannot go with --no-wait")
     spec = load_spec(args.workflow)
     data = _json(args.input, "--input")
-    client.start(args.run_id, spec, data)
+    outcome = client.start(args.run_id, spec, data, wait=not args.no_wait, timeout=args.timeout)
     client.flush(args.timeout)
-    sent = f"sent start of run {args.run_id} (workflow {spec.name} version {spec.version})"
+    said = _said(
+        f"start of run {args.run_id} (workflow {spec.name} version {spec.version})", outcome
+    )
     if not args.wait:
-        print(sent)
+        print(said)
         return 0
-    print(f"{sent}; waiting for it to end", file=sys.stderr)
+    print(f"{said}; waiting for it to end", file=sys.stderr)
     return _outcome(client.wait(args.run_id, timeout=args.timeout))
 
 
 def _wait(args: argparse.Namespace, client: FlowClient) -> int:
-    return _outcome(client.wait(args.run_id, timeout=args.timeout))
+    try:
+        snapshot = client.wait(args.run_id, timeout=args.timeout, must_exist=True)
+    except RunNotFoundError:
+        waiting = client.parked(args.run_id, timeout=args.timeout)
+        if not waiting:
+            raise
+        raise FlowError(
+            f"run {args.run_id} has not started; commands for it wait: {'; '.join(waiting)}",
+            run_id=args.run_id,
+        ) from None
+    return _outcome(snapshot)
 
 
 def _status(args: argparse.Namespace, client: FlowClient) -> int:
@@ -364,9 +412,16 @@ def _history(args: argparse.Namespace, client: FlowClient) -> int:
 
 def _signal(args: argparse.Namespace, client: FlowClient) -> int:
     payload = _json(args.payload, "--payload")
-    client.signal(args.run_id, args.signal_id, args.name, payload)
+    outcome = client.signal(
+        args.run_id,
+        args.signal_id,
+        args.name,
+        payload,
+        wait=not args.no_wait,
+        timeout=args.timeout,
+    )
     client.flush(args.timeout)
-    print(f"sent signal {args.name} (id {args.signal_id}) to run {args.run_id}")
+    print(_said(f"signal {args.name} (id {args.signal_id}) to run {args.run_id}", outcome))
     return 0
 
 
@@ -386,30 +441,35 @@ def _hook(args: argparse.Namespace, client: FlowClient) -> int:
     if args.dispose and args.payload is not None:
         raise _UsageError("--dispose takes no --payload")
     payload = _json(args.payload, "--payload")
+    options: dict[str, Any] = {"wait": not args.no_wait, "timeout": args.timeout}
     if args.token_stdin:
-        client.resume_hook_by_token(_read_token(), payload)
-        done = "sent hook resumption by token"
+        outcome = client.resume_hook_by_token(_read_token(), payload, **options)
+        done = "hook resumption by token"
+        if outcome is not None:  # followed to the hook's run
+            done += f" to run {outcome.key}"
     elif args.dispose:
-        client.dispose_hook(args.run_id, args.hook_id)
-        done = f"sent disposal of hook {args.hook_id} to run {args.run_id}"
+        outcome = client.dispose_hook(args.run_id, args.hook_id, **options)
+        done = f"disposal of hook {args.hook_id} to run {args.run_id}"
     else:
-        client.resume_hook(args.run_id, args.hook_id, payload)
-        done = f"sent resumption of hook {args.hook_id} to run {args.run_id}"
+        outcome = client.resume_hook(args.run_id, args.hook_id, payload, **options)
+        done = f"resumption of hook {args.hook_id} to run {args.run_id}"
     client.flush(args.timeout)
-    print(done)
+    print(_said(done, outcome))
     return 0
 
 
 def _cancel(args: argparse.Namespace, client: FlowClient) -> int:
-    client.cancel(args.run_id, args.reason, force=args.force)
+    outcome = client.cancel(
+        args.run_id, args.reason, force=args.force, wait=not args.no_wait, timeout=args.timeout
+    )
     client.flush(args.timeout)
     what = "forced cancellation" if args.force else "cancellation request"
-    print(f"sent {what} to run {args.run_id}")
+    print(_said(f"{what} to run {args.run_id}", outcome))
     return 0
 
 
 def _retry(args: argparse.Namespace, client: FlowClient) -> int:
-    client.retry(args.run_id)
+    outcome = client.retry(args.run_id, wait=not args.no_wait, timeout=args.timeout)
     client.flush(args.timeout)
-    print(f"sent retry to run {args.run_id}")
+    print(_said(f"retry of run {args.run_id}", outcome))
     return 0

@@ -34,6 +34,7 @@ from flowstream.model.messages import (
     CommandMessage,
     DisposeHook,
     FireTimer,
+    OutcomeStatus,
     RegisterHookToken,
     ResolveChild,
     ResumeHook,
@@ -46,6 +47,7 @@ from flowstream.processor.boundary import FailureBoundary, describe
 from flowstream.processor.context import Context, routing_key
 from flowstream.processor.deadletters import DeadLetters
 from flowstream.processor.inbox import Inbox, Park
+from flowstream.processor.outcomes import Before, Outcomes, error_kind
 from flowstream.processor.tasks import PartitionTask, TaskManager
 from flowstream.replay.decide import token_digest
 from flowstream.topology import EVENTS
@@ -53,6 +55,11 @@ from flowstream.topology import EVENTS
 __all__ = ["CommandHandler"]
 
 LOG = logging.getLogger("flowstream.processor")
+
+#: The error a client raises for a command parked for a run, or a hook, that does not exist yet
+#: (the embedded engine's for a run, or a hook, that does not exist).
+_NOT_FOUND = RunNotFoundError.__name__
+_NO_HOOK = InvalidTransitionError.__name__
 
 
 class CommandHandler:
@@ -69,10 +76,12 @@ class CommandHandler:
         self.tasks = tasks
         self.dead_letters = dead_letters
         self.boundary = boundary
-        self.inbox = Inbox(ctx, dead_letters, boundary, self.apply)
+        self.outcomes = Outcomes(ctx)
+        self.inbox = Inbox(ctx, dead_letters, boundary, self.outcomes, self.apply)
 
     async def handle(self, message: Any) -> None:
-        """Apply one consumed record of a command topic inside the open transaction."""
+        """Apply one consumed record of a command topic inside the open transaction, and write
+        its outcome there (a command that does not decode has no id to write one under)."""
         if message.error() is not None:
             if message.error().fatal():
                 raise clients.KafkaException(message.error())
@@ -87,25 +96,33 @@ class CommandHandler:
         # moved position with its first fence, not again once the fence went through.
         task.positions[topic] = message.offset() + 1
         self.ctx.pipeline.begin().commands += 1
+        source = f"{topic}[{partition}]@{message.offset()}"
+        command: CommandMessage | None = None
         outcome = "applied"
         try:
-            outcome = await self._handle(task, message)
+            command = self._decode(task, message)
+            outcome = await self._handle(task, message, command, source)
         except NonDeterministicError as exc:
             self.ctx.metrics.nondeterminism.inc()
             outcome = "deadletter"
             self.dead_letters.for_message(message, str(exc))
+            self.outcomes.rejected(partition, command, exc, source)
         except (FlowError, ValueError) as exc:
             outcome = "deadletter"
             self.dead_letters.for_message(message, str(exc))
+            self.outcomes.rejected(partition, command, exc, source)
         except Exception as exc:  # workflow or step code raised: the run's failure
             outcome = "deadletter"
             run_id = (message.key() or b"").decode(errors="replace")
             self.boundary.failed(task, run_id, exc, report=False)
-            self.dead_letters.for_message(message, f"runtime code raised {describe(exc)}")
+            reason = f"runtime code raised {describe(exc)}"
+            self.dead_letters.for_message(message, reason)
+            self.outcomes.rejected(partition, command, Exception(reason), source)
         self.ctx.metrics.commands.labels(topic=topic, outcome=outcome.split(":")[0]).inc()
         self.ctx.metrics.decision_seconds.observe(time.perf_counter() - began)
 
-    async def _handle(self, task: PartitionTask, message: Any) -> str:
+    def _decode(self, task: PartitionTask, message: Any) -> CommandMessage:
+        """The command a record holds, once it is known to be this partition's to apply."""
         raw = message.value() or b""
         limit = self.ctx.settings.max_message_bytes
         if len(raw) > limit:
@@ -120,23 +137,39 @@ class CommandHandler:
         quarantined = task.store.quarantined(run_id)
         if quarantined is not None:
             raise InvalidTransitionError(f"run {run_id} is quarantined: {quarantined}")
-        before = self.boundary.last_sequence(task, run_id)
+        return command
+
+    async def _handle(
+        self, task: PartitionTask, message: Any, command: CommandMessage, source: str
+    ) -> str:
+        run_id = routing_key(command)
+        before = Before.of(task, command)
         try:
-            await self.apply(task, command)
+            forwarded_to = await self.apply(task, command)
         except Park as park:
             inbox_id = f"{message.topic()}:{task.partition}:{message.offset()}"
-            self.inbox.park(task, run_id, inbox_id, raw, park.reason)
+            self.inbox.park(task, run_id, inbox_id, message.value() or b"", park.reason)
+            self.outcomes.write(
+                task.partition,
+                command,
+                OutcomeStatus.PARKED,
+                reason=park.reason,
+                kind=park.kind,
+                source=source,
+            )
             return f"parked: {park.reason}"
         except Exception:
-            self.boundary.moved_then_failed(task, run_id, before)
+            self.boundary.moved_then_failed(task, run_id, before.last_sequence)
             raise
+        self.outcomes.settled(task, command, before, source, forwarded_to)
         # The run moved on (it may have created the hook a parked resume waits for): a failure
         # there is that parked command's, not this one's.
         await self.boundary.guard(task, run_id, self.inbox.drain(task, run_id))
         return "applied"
 
-    async def apply(self, task: PartitionTask, command: CommandMessage) -> None:
-        """Apply one decoded command; raises ``Park`` when it has to wait."""
+    async def apply(self, task: PartitionTask, command: CommandMessage) -> str | None:
+        """Apply one decoded command; raises ``Park`` when it has to wait. Returns the run a
+        token-only hook resumption was sent on to."""
         engine = task.engine
         store = task.store
         try:
@@ -156,19 +189,19 @@ class CommandHandler:
                     await engine.advance(command.run_id)
                 case SendSignal():
                     if not store.exists(command.run_id):
-                        raise Park("run does not exist yet")
+                        raise Park("run does not exist yet", kind=_NOT_FOUND)
                     await engine.send_signal(
                         command.run_id, command.signal_id, command.name, command.payload
                     )
                 case ResumeHook() if command.run_id is None:
-                    self._forward_by_token(task, command)
+                    return self._forward_by_token(task, command)
                 case ResumeHook():
                     await self._resume_hook(task, command)
                 case RegisterHookToken():
                     self._register_token(task, command)
                 case DisposeHook():
                     if not store.exists(command.run_id):
-                        raise Park("run does not exist yet")
+                        raise Park("run does not exist yet", kind=_NOT_FOUND)
                     await engine.dispose_hook(command.run_id, command.hook_id)
                 case RetryRun():
                     self._retry(task, command)
@@ -180,7 +213,7 @@ class CommandHandler:
                 case FireTimer():
                     task.fired.pop((command.run_id, command.kind, command.subject_id), None)
                     if not store.exists(command.run_id):
-                        return
+                        return None
                     now = max(self.ctx.clock(), command.due)
                     if command.kind == "wait":
                         await engine.resume_wait(command.run_id, command.subject_id, now=now)
@@ -193,10 +226,11 @@ class CommandHandler:
                 # Not parked: the wakeup stays indexed and fires again, here every
                 # ``timer_refire_ms`` (so parking would pile up copies) and at once for an owner
                 # that serves the run.
-                return
+                return None
             # Another member (or the next deployment) may serve it: wait, with the reason.
             self.ctx.metrics.parked_for_build.inc()
-            raise Park(str(exc)) from exc
+            raise Park(str(exc), kind=error_kind(exc)) from exc
+        return None
 
     def _refuse_child(self, command: StartRun, reason: str) -> None:
         """A child's start refused for its input: the child is never created and ends failed
@@ -239,25 +273,33 @@ class CommandHandler:
             [(wire.RECORD_HEADER, wire.RecordKind.HOOK_TOKEN.value.encode())],
         )
 
-    def _forward_by_token(self, task: PartitionTask, command: ResumeHook) -> None:
-        """A token-only resume landed on the digest's partition: send it to the hook's run."""
+    def _forward_by_token(self, task: PartitionTask, command: ResumeHook) -> str:
+        """A token-only resume landed on the digest's partition: send it, with its command id,
+        to the hook's run (whose partition writes its next outcome); returns that run."""
         assert command.token is not None
         owner = task.store.hook_token_owner(token_digest(command.token.get_secret_value()))
         if owner is None:
             raise InvalidTransitionError("no hook is registered for the presented token")
         run_id, hook_id = owner
         self.ctx.emit(
-            ResumeHook(run_id=run_id, hook_id=hook_id, token=command.token, payload=command.payload)
+            ResumeHook(
+                run_id=run_id,
+                hook_id=hook_id,
+                token=command.token,
+                payload=command.payload,
+                command_id=command.command_id,
+            )
         )
+        return run_id
 
     async def _resume_hook(self, task: PartitionTask, command: ResumeHook) -> None:
         assert command.run_id is not None and command.hook_id is not None
         if not task.store.exists(command.run_id):
-            raise Park("run does not exist yet")
+            raise Park("run does not exist yet", kind=_NOT_FOUND)
         state = task.store.state(command.run_id)
         hook = state.hooks.get(command.hook_id)
         if hook is None and not state.is_terminal:
-            raise Park(f"hook {command.hook_id} does not exist yet")
+            raise Park(f"hook {command.hook_id} does not exist yet", kind=_NO_HOOK)
         presented = None if command.token is None else command.token.get_secret_value()
         if (
             hook is not None

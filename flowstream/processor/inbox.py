@@ -6,6 +6,12 @@ A parked command is stored with the time it was parked (the ``inbox`` record's t
 restored from the topic). Past ``Settings.parked_ttl_ms`` it is retried once more and, if it
 still has to wait, dead-lettered with the reason and removed from the inbox: a signal for a run
 that never started is not kept, and retried at every activation, for ever.
+
+A command with a command id gets a ``parked`` outcome when it is parked (``CommandHandler``) and,
+when it leaves the inbox, a second one, written here with what became of it: applied (or a no-op),
+rejected with the reason it failed, or rejected with the reason it waited when its time-to-live
+ran out (its kind the parked one's: ``RunNotFoundError`` for a run that never started). Retries
+in between write nothing.
 """
 
 from __future__ import annotations
@@ -17,10 +23,11 @@ from typing import Any
 
 from flowstream import codec, wire
 from flowstream.errors import FlowError
-from flowstream.model.messages import CommandMessage
+from flowstream.model.messages import CommandMessage, OutcomeStatus
 from flowstream.processor.boundary import FailureBoundary, describe
 from flowstream.processor.context import Context
 from flowstream.processor.deadletters import DeadLetters
+from flowstream.processor.outcomes import Before, Outcomes, error_kind
 from flowstream.topology import EVENTS
 
 __all__ = ["Inbox", "Park", "parked_value"]
@@ -54,11 +61,13 @@ def _age(seconds: float) -> str:
 
 
 class Park(Exception):
-    """The command cannot be applied yet; keep it in the partition's inbox."""
+    """The command cannot be applied yet; keep it in the partition's inbox. ``kind`` names the
+    ``flowstream.errors`` class a client raises meanwhile (``RunNotFoundError``, say)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, kind: str | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.kind = kind
 
 
 class Inbox:
@@ -69,11 +78,13 @@ class Inbox:
         ctx: Context,
         dead_letters: DeadLetters,
         boundary: FailureBoundary,
-        apply: Callable[[Any, CommandMessage], Awaitable[None]],
+        outcomes: Outcomes,
+        apply: Callable[[Any, CommandMessage], Awaitable[str | None]],
     ) -> None:
         self.ctx = ctx
         self.dead_letters = dead_letters
         self.boundary = boundary
+        self.outcomes = outcomes
         self._apply = apply
         self._ttl_ms = ctx.settings.parked_ttl_ms
         # Scanned for expired commands this often: a tenth of the time-to-live, within 1-60 s.
@@ -151,22 +162,30 @@ class Inbox:
         """Apply one parked command; False if it still has to wait (and is within its TTL)."""
         _, raw = _parts(value)
         reason = None
-        before = self.boundary.last_sequence(task, parked_run)
+        kind: str | None = None
+        command: CommandMessage | None = None
+        before = Before(False, self.boundary.last_sequence(task, parked_run), False)
         try:
-            await self._apply(task, codec.decode_command(raw))
+            command = codec.decode_command(raw)
+            before = Before.of(task, command)
+            forwarded_to = await self._apply(task, command)
         except Park as park:
             waited = self._expired(inbox_id, value)
             if waited is None:
                 return False
             self.ctx.metrics.parked_expired.inc()
             reason = f"parked for {_age(waited)} without applying: {park.reason}"
+            kind = park.kind
             LOG.warning("run %s: %s", parked_run, reason)
         except FlowError as exc:
             reason = f"parked command failed: {exc}"
-            self.boundary.moved_then_failed(task, parked_run, before)
+            kind = error_kind(exc)
+            self.boundary.moved_then_failed(task, parked_run, before.last_sequence)
         except Exception as exc:  # workflow code raised: the command is given up, the run kept
             self.boundary.failed(task, parked_run, exc)
             reason = f"parked command failed: runtime code raised {describe(exc)}"
+        else:
+            self.outcomes.settled(task, command, before, inbox_id, forwarded_to)
         task.store.unpark(parked_run, inbox_id)
         self._first_seen.pop(inbox_id, None)
         self.ctx.produce(
@@ -179,5 +198,13 @@ class Inbox:
         if reason is not None:
             self.dead_letters.for_source(
                 task.partition, parked_run.encode(), raw, reason, source=inbox_id
+            )
+            self.outcomes.write(
+                task.partition,
+                command,
+                OutcomeStatus.REJECTED,
+                reason=reason,
+                kind=kind,
+                source=inbox_id,
             )
         return True

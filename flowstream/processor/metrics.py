@@ -33,6 +33,12 @@ class ProcessorMetrics:
             ["topic", "outcome"],
             registry=r,
         )
+        self.outcomes = Counter(
+            "flowstream_command_outcomes",
+            "Command outcomes written to the outcomes topic, by status",
+            ["status"],
+            registry=r,
+        )
         self.events_appended = Counter(
             "flowstream_events_appended", "Events staged into transactions", registry=r
         )

@@ -156,7 +156,7 @@ def test_an_order_run_is_driven_through_the_cli_alone(cli: Cli, deployment: Depl
         "start", run_id, "--workflow", WORKFLOW, "--input", order(run_id, approval_token=token)
     )
     assert started.code == 0, started.err
-    assert started.out == f"sent start of run {run_id} (workflow order version 1)\n"
+    assert started.out == f"start of run {run_id} (workflow order version 1): applied\n"
 
     waiting = status_until(
         cli, run_id, lambda s: s["hooks"].get("approval", {}).get("status") == "active"
@@ -166,13 +166,13 @@ def test_an_order_run_is_driven_through_the_cli_alone(cli: Cli, deployment: Depl
     assert waiting["condition"] == "waiting for hook approval"
 
     hooked = cli("hook", "--token-stdin", "--payload", '{"manager": "dana"}', stdin=f"{token}\n")
-    assert (hooked.code, hooked.out) == (0, "sent hook resumption by token\n")
+    assert (hooked.code, hooked.out) == (0, f"hook resumption by token to run {run_id}: applied\n")
     status_until(
         cli, run_id, lambda s: s["signal_waits"].get("shipment", {}).get("status") == "waiting"
     )
 
     # Idempotent by signal id and by run id: the repeats change nothing.
-    for _ in range(2):
+    for answer in ("applied", "noop (a duplicate: the run holds it already)"):
         signalled = cli(
             "signal",
             run_id,
@@ -183,11 +183,13 @@ def test_an_order_run_is_driven_through_the_cli_alone(cli: Cli, deployment: Depl
             '{"parcel": "p-77"}',
         )
         assert signalled.code == 0, signalled.err
-        assert signalled.out == f"sent signal shipped (id {run_id}-shipped) to run {run_id}\n"
+        said = f"signal shipped (id {run_id}-shipped) to run {run_id}: {answer}\n"
+        assert signalled.out == said
     again = cli(
         "start", run_id, "--workflow", WORKFLOW, "--input", order(run_id, approval_token=token)
     )
     assert again.code == 0, again.err
+    assert again.out.endswith(f"noop (run {run_id} exists with the same spec and input)\n")
 
     waited = cli("wait", run_id, "--timeout", "60")
     assert waited.code == 0, waited.err + deployment.worker.output()[-2000:]
@@ -221,7 +223,11 @@ def test_an_order_run_is_driven_through_the_cli_alone(cli: Cli, deployment: Depl
 def test_start_waits_for_a_run_signalled_before_it_existed(cli: Cli) -> None:
     run_id = f"early-{uuid.uuid4().hex[:8]}"
     signalled = cli("signal", run_id, "shipped", "--id", "s-1", "--payload", '{"carrier": "DHL"}')
-    assert signalled.code == 0, signalled.err
+    assert (signalled.code, signalled.out) == (4, ""), signalled.err
+    assert signalled.err == (
+        f"flowstream kafka signal: parked: run {run_id} does not exist (yet): the signal is "
+        "parked until it starts (for the parked time-to-live at most)\n"
+    )
 
     result = cli(
         "start",
@@ -250,14 +256,17 @@ def test_a_hook_resumed_by_run_and_id_then_a_forced_cancellation(cli: Cli) -> No
     assert started.code == 0, started.err
     status_until(cli, run_id, lambda s: s["hooks"].get("approval", {}).get("status") == "active")
     hooked = cli("hook", "--run", run_id, "--hook", "approval", "--payload", '{"manager": "ana"}')
-    assert (hooked.code, hooked.out) == (0, f"sent resumption of hook approval to run {run_id}\n")
+    assert (hooked.code, hooked.out) == (
+        0,
+        f"resumption of hook approval to run {run_id}: applied\n",
+    )
     waiting = status_until(
         cli, run_id, lambda s: s["signal_waits"].get("shipment", {}).get("status") == "waiting"
     )
     assert waiting["hooks"]["approval"]["payload"] == {"manager": "ana"}
 
     cancelled = cli("cancel", run_id, "--force", "--reason", "customer left")
-    assert (cancelled.code, cancelled.out) == (0, f"sent forced cancellation to run {run_id}\n")
+    assert (cancelled.code, cancelled.out) == (0, f"forced cancellation to run {run_id}: applied\n")
 
     waited = cli("wait", run_id, "--timeout", "60")
     assert waited.code == 3, waited.out + waited.err
@@ -268,15 +277,25 @@ def test_a_hook_resumed_by_run_and_id_then_a_forced_cancellation(cli: Cli) -> No
 
 
 def test_commands_carry_the_ids_and_options_given(cli: Cli, deployment: Deployment) -> None:
-    # These runs do not exist; the processor dead-letters their commands, which is fine here.
+    # This run does not exist: the cancellation is refused, the signal parked (fine here).
     run_id = f"ghost-{uuid.uuid4().hex[:8]}"
-    assert cli("cancel", run_id, "--reason", "why not").code == 0
-    assert cli("signal", run_id, "shipped", "--id", "sig-9", "--payload", "[1, 2]").code == 0
+    assert cli("cancel", run_id, "--reason", "why not").code == 1
+    assert cli("signal", run_id, "shipped", "--id", "sig-9", "--payload", "[1, 2]").code == 4
 
     (cancel,) = commands_on(deployment.bootstrap, f"{deployment.prefix}.cmd.cancel", run_id)
-    assert cancel == CancelRun(run_id=run_id, reason="why not", force=False)
+    assert cancel.command_id  # a new one, generated by the client
+    assert cancel == CancelRun(
+        run_id=run_id, reason="why not", force=False, command_id=cancel.command_id
+    )
     (signal,) = commands_on(deployment.bootstrap, f"{deployment.prefix}.cmd.signal", run_id)
-    assert signal == SendSignal(run_id=run_id, signal_id="sig-9", name="shipped", payload=[1, 2])
+    assert signal.command_id and signal.command_id != cancel.command_id
+    assert signal == SendSignal(
+        run_id=run_id,
+        signal_id="sig-9",
+        name="shipped",
+        payload=[1, 2],
+        command_id=signal.command_id,
+    )
 
 
 def test_a_hook_token_comes_from_stdin_and_is_never_shown(cli: Cli, deployment: Deployment) -> None:
@@ -286,7 +305,11 @@ def test_a_hook_token_comes_from_stdin_and_is_never_shown(cli: Cli, deployment: 
 
     sent = cli("hook", "--token-stdin", "--payload", '{"ok": true}', stdin=f"{token}\n")
 
-    assert (sent.code, sent.out) == (0, "sent hook resumption by token\n")
+    # No hook holds that token: refused, in one line that does not show it.
+    assert (sent.code, sent.out) == (1, ""), sent.err
+    assert sent.err == (
+        "flowstream kafka hook: error: no hook is registered for the presented token\n"
+    )
     assert token not in sent.out + sent.err
     # Keyed by the token's digest: the partition that indexes the token finds the hook's run.
     (command,) = commands_on(deployment.bootstrap, topic, digest)
@@ -332,6 +355,70 @@ def test_settings_come_from_the_environment(
     monkeypatch.setenv("FLOWSTREAM_BOOTSTRAP", deployment.bootstrap)
     monkeypatch.setenv("FLOWSTREAM_TOPIC_PREFIX", deployment.prefix)
     run_id = f"env-{uuid.uuid4().hex[:8]}"
-    assert cli("cancel", run_id, "--force", connect=False).code == 0
+    sent = cli("cancel", run_id, "--force", "--no-wait", connect=False)
+    assert (sent.code, sent.out) == (0, f"sent forced cancellation to run {run_id}\n"), sent.err
     (command,) = commands_on(deployment.bootstrap, f"{deployment.prefix}.cmd.cancel", run_id)
-    assert command == CancelRun(run_id=run_id, force=True)
+    assert command == CancelRun(run_id=run_id, force=True, command_id=command.command_id)
+
+
+def one_line_error(result: Result, code: int, verb: str) -> str:
+    """The reason of a verb that failed with ``code``: one line on stderr, nothing on stdout."""
+    assert (result.code, result.out) == (code, ""), result.out + result.err
+    lines = result.err.splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.err, result.err
+    assert lines[0].startswith(f"flowstream kafka {verb}: "), result.err
+    return lines[0]
+
+
+def test_a_start_that_conflicts_exits_non_zero_without_the_old_output(cli: Cli) -> None:
+    run_id = f"conflict-{uuid.uuid4().hex[:8]}"
+    first = cli("start", run_id, "--workflow", WORKFLOW, "--input", order(run_id), "--wait")
+    assert first.code == 0, first.err
+    other = order(run_id).replace('"quantity":2', '"quantity":3')
+    assert other != order(run_id)
+
+    for wait in ((), ("--wait",)):
+        refused = cli("start", run_id, "--workflow", WORKFLOW, "--input", other, *wait)
+        said = one_line_error(refused, 1, "start")
+        assert said == f"flowstream kafka start: error: run {run_id}: workflow input differs"
+
+
+def test_a_start_whose_input_does_not_validate_exits_non_zero(cli: Cli) -> None:
+    run_id = f"invalid-{uuid.uuid4().hex[:8]}"
+    refused = cli("start", run_id, "--workflow", WORKFLOW, "--input", '{"order_id": 1}', "--wait")
+    said = one_line_error(refused, 1, "start")
+    assert "does not validate against OrderInput" in said and "sku" in said
+    assert "does not exist" in cli("status", run_id).err  # nothing was written
+
+
+def test_commands_to_an_unknown_run_exit_non_zero_with_the_reason(cli: Cli) -> None:
+    ghost = f"ghost-{uuid.uuid4().hex[:8]}"
+    signal = one_line_error(cli("signal", ghost, "shipped", "--id", "s"), 4, "signal")
+    assert f"run {ghost} does not exist (yet): the signal is parked" in signal
+    hook = one_line_error(cli("hook", "--run", ghost, "--hook", "approval"), 4, "hook")
+    assert f"run {ghost} does not exist (yet): the hook resumption is parked" in hook
+    cancel = one_line_error(cli("cancel", ghost), 1, "cancel")
+    assert cancel == f"flowstream kafka cancel: error: run {ghost} does not exist"
+    retry = one_line_error(cli("retry", ghost), 1, "retry")
+    assert retry == f"flowstream kafka retry: error: run {ghost} does not exist"
+    wait = one_line_error(cli("wait", "nope"), 1, "wait")
+    assert wait == "flowstream kafka wait: error: run nope does not exist"
+    # A run whose commands wait for it to start says so.
+    waiting = one_line_error(cli("wait", ghost), 1, "wait")
+    assert f"run {ghost} has not started; commands for it wait" in waiting
+    # Without waiting, only the sending is confirmed.
+    sent = cli("signal", ghost, "shipped", "--id", "s2", "--no-wait")
+    assert (sent.code, sent.out) == (0, f"sent signal shipped (id s2) to run {ghost}\n")
+    both = cli("start", ghost, "--workflow", WORKFLOW, "--wait", "--no-wait")
+    assert both.code == 2 and "cannot go with --no-wait" in both.err
+
+
+def test_retry_answers(cli: Cli) -> None:
+    run_id = f"retry-{uuid.uuid4().hex[:8]}"
+    started = cli("start", run_id, "--workflow", WORKFLOW, "--input", order(run_id), "--wait")
+    assert started.code == 0, started.err
+    ended = cli("retry", run_id)
+    assert ended.code == 0, ended.err
+    assert ended.out == (
+        f"retry of run {run_id}: noop (run {run_id} is completed: nothing to retry)\n"
+    )

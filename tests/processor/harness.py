@@ -267,7 +267,7 @@ class Cluster:
         self.workers: dict[str, Worker] = {}
         apply_topics(bootstrap, prefix, topology=topology)
         self.client = FlowClient(
-            Settings(bootstrap=bootstrap, topic_prefix=prefix, group=f"{prefix}-client")
+            Settings(bootstrap=bootstrap, topic_prefix=prefix, group=f"{prefix}-client"), wait=False
         )
 
     def start(

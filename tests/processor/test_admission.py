@@ -130,11 +130,15 @@ def test_kafka_retry_drives_a_run_again_after_a_fix(
     fixed.touch()
     where = ["--bootstrap", cluster.bootstrap, "--prefix", cluster.prefix]
     assert main(["kafka", "retry", "fragile-2", *where]) == 0
-    assert capsys.readouterr().out == "sent retry to run fragile-2\n"
+    said = "retry of run fragile-2: applied (run fragile-2 is driven again)\n"
+    assert capsys.readouterr().out == said
     assert cluster.client.wait("fragile-2", timeout=60).status.value == "completed", cluster.logs()
     # A retry of a run that ended changes nothing; one of a run that does not exist is refused.
     assert main(["kafka", "retry", "fragile-2", *where]) == 0
-    assert main(["kafka", "retry", "no-such-run", *where]) == 0
+    said = "retry of run fragile-2: noop (run fragile-2 is completed: nothing to retry)\n"
+    assert capsys.readouterr().out == said
+    assert main(["kafka", "retry", "no-such-run", *where]) == 1
+    assert "run no-such-run does not exist" in capsys.readouterr().err
     letters = dead_letters(cluster, 2, timeout=30)
     assert any("run no-such-run does not exist" in letter.reason for letter in letters)
     history = [e.event.type for e in cluster.client.history("fragile-2", timeout=10)]

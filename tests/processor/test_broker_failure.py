@@ -52,7 +52,8 @@ def test_losing_one_of_three_brokers_loses_nothing(
         for name in ("b1", "b2")
     ]
     client = FlowClient(
-        Settings(bootstrap=bootstrap, topic_prefix=unique_prefix, group=f"{unique_prefix}-c")
+        Settings(bootstrap=bootstrap, topic_prefix=unique_prefix, group=f"{unique_prefix}-c"),
+        wait=False,
     )
     victim = 0
     try:

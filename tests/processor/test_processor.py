@@ -41,7 +41,7 @@ def deployment(
     settings = Settings(
         bootstrap=kafka_bootstrap, topic_prefix=unique_prefix, group=f"{unique_prefix}-client"
     )
-    client = FlowClient(settings)
+    client = FlowClient(settings, wait=False)
     try:
         yield client, worker, step_log
     finally:

@@ -94,7 +94,9 @@ def poisoned(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> 
         state_dir=state,
         step_log=state / "steps.jsonl",
     )
-    client = FlowClient(Settings(bootstrap=kafka_bootstrap, topic_prefix=prefix, group=prefix))
+    client = FlowClient(
+        Settings(bootstrap=kafka_bootstrap, topic_prefix=prefix, group=prefix), wait=False
+    )
     try:
         partitions = client.partitions
         partition = partition_for("readers", partitions)

@@ -35,7 +35,8 @@ def test_roll_from_build_1_to_build_2(
 ) -> None:
     apply_topics(kafka_bootstrap, unique_prefix)
     client = FlowClient(
-        Settings(bootstrap=kafka_bootstrap, topic_prefix=unique_prefix, group=f"{unique_prefix}-c")
+        Settings(bootstrap=kafka_bootstrap, topic_prefix=unique_prefix, group=f"{unique_prefix}-c"),
+        wait=False,
     )
     workers: list[Worker] = []
 

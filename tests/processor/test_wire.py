@@ -44,7 +44,8 @@ def deployment(
         extra_env={"FLOWSTREAM_METRICS_PORT": str(port)},
     )
     client = FlowClient(
-        Settings(bootstrap=kafka_bootstrap, topic_prefix=unique_prefix, group=f"{unique_prefix}-c")
+        Settings(bootstrap=kafka_bootstrap, topic_prefix=unique_prefix, group=f"{unique_prefix}-c"),
+        wait=False,
     )
     try:
         yield client, worker, port
