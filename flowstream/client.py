@@ -75,7 +75,8 @@ def _unreadable(run_id: str, bad: list[wire.BadRecord]) -> CorruptHistoryError:
 
 
 class FlowClient:
-    """Sends commands to a flowstream deployment and reads runs from its events topic."""
+    """Sends commands to a flowstream deployment, waits for their outcomes, and reads runs from
+    its events topic."""
 
     def __init__(
         self,
@@ -252,8 +253,12 @@ class FlowClient:
         outcomes partition of ``key`` (the run the command addressed; for a token-only hook
         resumption, the token's digest) and, after a forward, of the run it was sent on to."""
         found: list[CommandOutcome] = []
+        read: set[int] = set()
         for _ in range(MAX_FORWARDS + 1):
             partition = partition_for(key, self.partitions)
+            if partition in read:
+                break  # the run it went on to shares a partition read already
+            read.add(partition)
             tail = EventTail(self.settings, [partition], topic=self.topics[OUTCOMES])
             try:
                 records = tail.read_records_to_end(timeout=timeout)

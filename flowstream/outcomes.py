@@ -133,19 +133,23 @@ class OutcomeReader:
         that is final or parked, following forwards to the partition of the run they name;
         ``TimeoutError`` past ``deadline``."""
         for _ in range(MAX_FORWARDS + 1):
-            outcome, written_ms = self._first(command_id, key, partition, start, deadline)
+            outcome, written_ms, offset = self._first(command_id, key, partition, start, deadline)
             if outcome.status is not OutcomeStatus.FORWARDED or outcome.forwarded_to is None:
                 return outcome
             key = outcome.forwarded_to
-            partition = partition_for(key, self.partitions)
-            start = self._offset_at(partition, written_ms - _FORWARD_SKEW_MS, deadline)
+            target = partition_for(key, self.partitions)
+            if target == partition:  # the hook's run shares the partition: read on
+                start = offset + 1
+            else:
+                partition = target
+                start = self._offset_at(partition, written_ms - _FORWARD_SKEW_MS, deadline)
         raise FlowError(f"command {command_id} was sent on more than {MAX_FORWARDS} times")
 
     def _first(
         self, command_id: str, key: str, partition: int, start: int, deadline: float
-    ) -> tuple[CommandOutcome, int]:
-        """The first outcome of ``command_id`` at ``start`` or after, and when it was written
-        (ms since the epoch)."""
+    ) -> tuple[CommandOutcome, int, int]:
+        """The first outcome of ``command_id`` at ``start`` or after, when it was written (ms
+        since the epoch) and its offset."""
         reader = self._reader()
         reader.assign([clients.TopicPartition(self.topic, partition, start)])
         while True:
@@ -157,7 +161,7 @@ class OutcomeReader:
                 )
             for message in reader.consume(500, timeout=min(remaining, 0.5)):
                 for outcome in wire.outcomes_of([message], command_id):
-                    return outcome, int(message.timestamp()[1])
+                    return outcome, int(message.timestamp()[1]), int(message.offset())
 
     def _offset_at(self, partition: int, written_ms: int, deadline: float) -> int:
         """The first offset of an outcomes partition written at ``written_ms`` or later."""

@@ -100,7 +100,7 @@ class CommandHandler:
         command: CommandMessage | None = None
         outcome = "applied"
         try:
-            command = self._decode(task, message)
+            command = self._decode(message)
             outcome = await self._handle(task, message, command, source)
         except NonDeterministicError as exc:
             self.ctx.metrics.nondeterminism.inc()
@@ -121,13 +121,16 @@ class CommandHandler:
         self.ctx.metrics.commands.labels(topic=topic, outcome=outcome.split(":")[0]).inc()
         self.ctx.metrics.decision_seconds.observe(time.perf_counter() - began)
 
-    def _decode(self, task: PartitionTask, message: Any) -> CommandMessage:
-        """The command a record holds, once it is known to be this partition's to apply."""
+    def _decode(self, message: Any) -> CommandMessage:
+        """The command a record holds (within the size limit)."""
         raw = message.value() or b""
         limit = self.ctx.settings.max_message_bytes
         if len(raw) > limit:
             raise SerializationError(f"message of {len(raw)} bytes exceeds {limit}")
-        command = codec.decode_command(raw)
+        return codec.decode_command(raw)
+
+    def _check(self, task: PartitionTask, command: CommandMessage) -> None:
+        """``command`` is this partition's to apply, to a run that is not quarantined."""
         run_id = routing_key(command)
         owner = partition_for(run_id, self.ctx.partitions)
         if owner != task.partition:
@@ -137,11 +140,11 @@ class CommandHandler:
         quarantined = task.store.quarantined(run_id)
         if quarantined is not None:
             raise InvalidTransitionError(f"run {run_id} is quarantined: {quarantined}")
-        return command
 
     async def _handle(
         self, task: PartitionTask, message: Any, command: CommandMessage, source: str
     ) -> str:
+        self._check(task, command)
         run_id = routing_key(command)
         before = Before.of(task, command)
         try:

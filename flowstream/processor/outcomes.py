@@ -142,6 +142,8 @@ class Outcomes:
     ) -> None:
         """``command`` applied without raising: applied, a no-op, or forwarded (to the run
         ``forwarded_to``)."""
+        if getattr(command, "command_id", None) is None:
+            return  # a processor's own command (a timer, a child's report): no one waits
         status, reason = judge(task, command, before)
         if forwarded_to is not None:
             status, reason = OutcomeStatus.FORWARDED, f"sent on to run {forwarded_to}"

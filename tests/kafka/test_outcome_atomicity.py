@@ -41,7 +41,9 @@ def _records(bootstrap: str, topic: str, isolation: str) -> list[Any]:
         consumer.assign([clients.TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
         found: list[Any] = []
         ended: set[int] = set()
+        deadline = time.monotonic() + 60
         while len(ended) < PARTITIONS:
+            assert time.monotonic() < deadline, f"{topic} not read to its end ({isolation})"
             for message in consumer.consume(500, 1.0):
                 error = message.error()
                 if error is None:
