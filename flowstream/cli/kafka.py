@@ -4,9 +4,9 @@ deployment.
 The embedded commands (``flowstream status``, ``signal``… of :mod:`flowstream.cli.local`) execute
 a run inside this process against a RocksDB directory. These *send* a command to the run's
 partition of a command topic, for whichever processor owns it to apply, wait for its outcome
-(``--no-wait``: send and return), and read runs back from the events topic. Same verbs,
-another meaning and other options (``--bootstrap``, ``--prefix``,
-``--topology`` instead of ``--data``, ``--app``), hence a group of their own.
+(``--no-wait``: send and return), and read runs back from the events topic. Same verbs, another
+meaning and other options (``--bootstrap``, ``--prefix``, ``--topology`` instead of ``--data``,
+``--app``), hence a group of their own.
 
 * Before anything is sent or read, the topics involved must exist with the topology's partition
   count: a command routed with another count would land on a partition that does not own its run.
@@ -19,7 +19,8 @@ another meaning and other options (``--bootstrap``, ``--prefix``,
   validate...), 4 parked (its run does not exist yet, its build is not served: it applies if it
   can within the parked time-to-live). ``--timeout`` bounds the wait.
 * ``retry`` asks the run's owner to drive it again now: after the code its workflow raised in
-  was fixed and deployed, say. A run that is suspended or ended is left as it is.
+  was fixed and deployed, say (``applied``). A run that ended answers ``noop``; an unknown run
+  is refused. ``wait`` on a run that does not exist says so at once (exit 1).
 * ``hook --token-stdin`` reads a hook token from standard input (without echo on a terminal) and
   resumes the hook by the token alone. No option takes a token and nothing prints one.
 * Standard output carries the answer (a confirmation, a snapshot, history lines, a run's output),
