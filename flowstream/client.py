@@ -65,6 +65,10 @@ from flowstream.topology import (
 __all__ = ["EventTail", "FlowClient"]
 
 
+#: How long asking for a partition's end may take while leadership settles.
+_METADATA_PATIENCE_S = 10.0
+
+
 def _unreadable(run_id: str, bad: list[wire.BadRecord]) -> CorruptHistoryError:
     more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
     return CorruptHistoryError(
@@ -116,8 +120,10 @@ class FlowClient:
         seconds = self.outcome_timeout if timeout is None else timeout
         partition = partition_for(key, self.partitions)
         deadline = time.monotonic() + seconds
-        # Its outcome is written after it, so after the end the outcomes partition has now.
-        start = self._reader.end(partition, deadline) if waiting else None
+        # Its outcome is written after it, so after the end the outcomes partition has now (a
+        # topic just created may answer "not leader" for a few seconds, whatever the timeout).
+        patience = max(deadline, time.monotonic() + _METADATA_PATIENCE_S)
+        start = self._reader.end(partition, patience) if waiting else None
         self._producer.produce(
             self.topics[suffix],
             value=codec.encode_message(command),

@@ -372,7 +372,7 @@ def one_line_error(result: Result, code: int, verb: str) -> str:
 
 def test_a_start_that_conflicts_exits_non_zero_without_the_old_output(cli: Cli) -> None:
     run_id = f"conflict-{uuid.uuid4().hex[:8]}"
-    first = cli("start", run_id, "--workflow", WORKFLOW, "--input", order(run_id), "--wait")
+    first = cli("start", run_id, "--workflow", WORKFLOW, "--input", order(run_id))
     assert first.code == 0, first.err
     other = order(run_id).replace('"quantity":2', '"quantity":3')
     assert other != order(run_id)
@@ -415,10 +415,14 @@ def test_commands_to_an_unknown_run_exit_non_zero_with_the_reason(cli: Cli) -> N
 
 def test_retry_answers(cli: Cli) -> None:
     run_id = f"retry-{uuid.uuid4().hex[:8]}"
-    started = cli("start", run_id, "--workflow", WORKFLOW, "--input", order(run_id), "--wait")
+    started = cli("start", run_id, "--workflow", WORKFLOW, "--input", order(run_id))
     assert started.code == 0, started.err
+    driven = cli("retry", run_id)
+    assert driven.out == f"retry of run {run_id}: applied (run {run_id} is driven again)\n"
+    assert cli("cancel", run_id, "--force").code == 0
+    assert cli("wait", run_id).code == 3  # cancelled
     ended = cli("retry", run_id)
     assert ended.code == 0, ended.err
     assert ended.out == (
-        f"retry of run {run_id}: noop (run {run_id} is completed: nothing to retry)\n"
+        f"retry of run {run_id}: noop (run {run_id} is cancelled: nothing to retry)\n"
     )
