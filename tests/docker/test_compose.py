@@ -1,5 +1,6 @@
 """``docker/`` without a Docker engine: the compose file and the Dockerfile, read as text, must
-agree with ``topology/``, the dev launcher's one-node broker settings and the real CLI parser.
+agree with ``topology/``, the dev launcher's one-node broker settings, the real CLI parser and
+``pyproject.toml``. (``docker/test.sh`` builds and runs them; ``.ci/run`` calls it.)
 
 Each check returns the problems it finds; the tests assert there are none in the shipped files,
 and that each check does find the problem in a copy broken on purpose.
@@ -13,6 +14,7 @@ import contextlib
 import copy
 import io
 import json
+import re
 import shlex
 import tomllib
 from collections.abc import Callable
@@ -22,6 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
 
 from flowstream.cli import build_parser
 from flowstream.cli.local import load_runtime
@@ -34,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
 COMPOSE = DOCKER / "compose.yaml"
 DOCKERFILE = DOCKER / "Dockerfile"
+REQUIREMENTS = DOCKER / "requirements.txt"
 KAFKA_SERVICE = "kafka"
 
 Compose = dict[str, Any]
@@ -57,8 +61,17 @@ ONE_NODE_KEYS = (
 # -- reading the files --------------------------------------------------------------------
 
 
-def load_compose() -> Compose:
-    data: Compose = yaml.safe_load(COMPOSE.read_text())
+_VARIABLE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
+
+
+def interpolate(text: str, environ: dict[str, str] | None = None) -> str:
+    """Compose's ``${NAME:-default}``: from ``environ`` (none: every default), else the default."""
+    env = environ or {}
+    return _VARIABLE.sub(lambda m: env.get(m.group(1)) or m.group(2) or "", text)
+
+
+def load_compose(environ: dict[str, str] | None = None) -> Compose:
+    data: Compose = yaml.safe_load(interpolate(COMPOSE.read_text(), environ))
     return data
 
 
@@ -128,8 +141,11 @@ class Dockerfile:
     base: str = ""
     entrypoint: object = None
     env: dict[str, str] = field(default_factory=dict)
+    args: dict[str, str] = field(default_factory=dict)
     copies: list[tuple[list[str], str]] = field(default_factory=list)
     runs: list[str] = field(default_factory=list)
+    user: str = "root"
+    healthcheck: list[str] = field(default_factory=list)
 
     @classmethod
     def parse(cls, text: str) -> Dockerfile:
@@ -149,8 +165,18 @@ class Dockerfile:
             instruction, _, rest = line.strip().partition(" ")
             rest = rest.strip()
             match instruction.upper():
+                case "ARG":
+                    name, _, default = rest.partition("=")
+                    parsed.args[name] = default
                 case "FROM":
-                    parsed.base = rest.split()[0]
+                    parsed.base = interpolate(rest.split()[0], parsed.args)
+                case "USER":
+                    parsed.user = rest
+                case "HEALTHCHECK":
+                    command = rest.partition("CMD")[2].strip()
+                    parsed.healthcheck = (
+                        json.loads(command) if command.startswith("[") else shlex.split(command)
+                    )
                 case "ENTRYPOINT":
                     parsed.entrypoint = json.loads(rest) if rest.startswith("[") else rest
                 case "ENV":
@@ -420,6 +446,77 @@ def check_image(compose: Compose, dockerfile: Dockerfile) -> list[str]:
     return problems
 
 
+def _serves_every_interface(host: str) -> bool:
+    return host in ("0.0.0.0", "::")
+
+
+def check_health(compose: Compose, dockerfile: Dockerfile) -> list[str]:
+    """Processors bind their metrics server where the published port reaches it (not the
+    container's loopback), on the port the image's healthcheck asks; the image runs as a user
+    and has a healthcheck, whose script it ships."""
+    problems = []
+    image_port = dockerfile.env.get("FLOWSTREAM_METRICS_PORT")
+    image_host = dockerfile.env.get("FLOWSTREAM_METRICS_HOST", Settings().metrics_host)
+    for name, (_, args) in _parsed(compose, "worker").items():
+        host = args.metrics_host or image_host
+        if not _serves_every_interface(host):
+            problems.append(
+                f"{name} binds its metrics to {host}: a published port cannot reach it there"
+            )
+        port = args.metrics_port or image_port
+        if str(port) != image_port:
+            problems.append(
+                f"{name} serves metrics on {port}, the healthcheck asks "
+                f"FLOWSTREAM_METRICS_PORT={image_port}"
+            )
+    if dockerfile.user in ("", "root", "0") or dockerfile.user.startswith("0:"):
+        problems.append(f"the image runs as {dockerfile.user!r}, not as a user of its own")
+    scripts = [word for word in dockerfile.healthcheck if word.endswith(".py")]
+    if not dockerfile.healthcheck:
+        problems.append("the image has no HEALTHCHECK")
+    for script in scripts:
+        shipped = [src for srcs, dest in dockerfile.copies for src in srcs if dest == script]
+        if not shipped or not (ROOT / shipped[0]).is_file():
+            problems.append(f"the healthcheck runs {script}, which the image does not copy in")
+        elif "/healthz" not in (ROOT / shipped[0]).read_text():
+            problems.append(f"the healthcheck {shipped[0]} does not ask /healthz")
+    return problems
+
+
+def check_pins(requirements: str, dockerfile: Dockerfile) -> list[str]:
+    """The image installs requirements.txt alone (``--no-deps``, then ``pip check``), which pins
+    every dependency and build requirement of pyproject.toml to one version it allows."""
+    problems = []
+    pins: dict[str, str] = {}
+    for line in requirements.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        requirement = Requirement(line)
+        specifiers = list(requirement.specifier)
+        if len(specifiers) != 1 or specifiers[0].operator != "==":
+            problems.append(f"{line} is not pinned to one version")
+            continue
+        pins[requirement.name.lower().replace("_", "-")] = specifiers[0].version
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    wanted = pyproject["project"]["dependencies"] + pyproject["build-system"]["requires"]
+    for text in wanted:
+        requirement = Requirement(text)
+        pin = pins.get(requirement.name.lower().replace("_", "-"))
+        if pin is None:
+            problems.append(f"{requirement.name} is not pinned in docker/requirements.txt")
+        elif not requirement.specifier.contains(pin, prereleases=True):
+            problems.append(f"{requirement.name}=={pin} is not allowed by {text!r}")
+    installs = [run for run in dockerfile.runs if "pip install" in run]
+    if not installs or not all("--no-deps" in run for run in installs):
+        problems.append("the Dockerfile installs packages without --no-deps (unpinned ones)")
+    if not any("-r /opt/flowstream/requirements.txt" in run for run in installs):
+        problems.append("the Dockerfile does not install docker/requirements.txt")
+    if not any("pip check" in run for run in dockerfile.runs):
+        problems.append("the Dockerfile does not run `pip check`")
+    return problems
+
+
 # -- tests --------------------------------------------------------------------------------
 
 CHECKS: dict[str, Callable[[Compose, Dockerfile], list[str]]] = {
@@ -429,6 +526,7 @@ CHECKS: dict[str, Callable[[Compose, Dockerfile], list[str]]] = {
     "topics": lambda c, _: check_topics(c),
     "processors": lambda c, _: check_processors(c),
     "image": check_image,
+    "health": check_health,
 }
 
 
@@ -554,6 +652,49 @@ BROKEN: list[tuple[str, str, Mutation, str]] = [
         "is not on a volume",
     ),
     (
+        "health",
+        "metrics bound to the container's loopback",
+        lambda c, _: _replace(_command(c, "processor-1"), "--metrics-host", "127.0.0.1"),
+        "processor-1 binds its metrics to 127.0.0.1",
+    ),
+    (
+        "health",
+        "no metrics host at all (the setting's default, loopback)",
+        lambda c, d: (
+            _command(c, "processor-2").remove("--metrics-host"),
+            _command(c, "processor-2").remove("0.0.0.0"),
+            d.env.pop("FLOWSTREAM_METRICS_HOST"),
+        ),
+        "processor-2 binds its metrics to 127.0.0.1",
+    ),
+    (
+        "health",
+        "metrics on another port than the healthcheck asks",
+        lambda c, _: (
+            _replace(_command(c, "processor-2"), "--metrics-port", "9999"),
+            c["services"]["processor-2"].update(ports=["127.0.0.1:9465:9999"]),
+        ),
+        "the healthcheck asks FLOWSTREAM_METRICS_PORT=9464",
+    ),
+    (
+        "health",
+        "the image runs as root",
+        lambda _, d: setattr(d, "user", "root"),
+        "not as a user of its own",
+    ),
+    (
+        "health",
+        "no healthcheck",
+        lambda _, d: setattr(d, "healthcheck", []),
+        "no HEALTHCHECK",
+    ),
+    (
+        "health",
+        "a healthcheck script that is not copied in",
+        lambda _, d: setattr(d, "healthcheck", ["python3", "/opt/elsewhere/check.py"]),
+        "which the image does not copy in",
+    ),
+    (
         "image",
         "an entrypoint that is not the console script",
         lambda _, d: setattr(d, "entrypoint", ["python", "-m", "flowstream"]),
@@ -607,3 +748,66 @@ def test_the_build_context_ships_what_the_dockerfile_copies() -> None:
     for sources, _ in Dockerfile.parse(DOCKERFILE.read_text()).copies:
         for source in sources:
             assert source.rstrip("/") in allowed, f"{source} is excluded from the build context"
+
+
+def test_the_requirements_pin_what_the_image_installs() -> None:
+    assert check_pins(REQUIREMENTS.read_text(), Dockerfile.parse(DOCKERFILE.read_text())) == []
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (lambda r, d: (r.replace("pydantic==2.14.4", "pydantic>=2.6"), d), "is not pinned"),
+        (lambda r, d: (r.replace("orjson==3.13.0\n", ""), d), "orjson is not pinned"),
+        (lambda r, d: (r.replace("pydantic==2.14.4", "pydantic==3.0.0"), d), "is not allowed"),
+        (lambda r, d: (r.replace("setuptools==84.2.1\n", ""), d), "setuptools is not pinned"),
+        (
+            lambda r, d: (r, setattr(d, "runs", [x.replace("--no-deps", "") for x in d.runs])),
+            "without --no-deps",
+        ),
+        (
+            lambda r, d: (r, setattr(d, "runs", [x.replace("pip check", "true") for x in d.runs])),
+            "pip check",
+        ),
+    ],
+    ids=[
+        "a range",
+        "a dependency left out",
+        "a version pyproject refuses",
+        "the build backend",
+        "dependencies resolved at build time",
+        "no pip check",
+    ],
+)
+def test_the_pins_check_finds_a_broken_copy(
+    edit: Callable[[str, Dockerfile], tuple[str, object]], expected: str
+) -> None:
+    dockerfile = Dockerfile.parse(DOCKERFILE.read_text())
+    requirements, _ = edit(REQUIREMENTS.read_text(), dockerfile)
+    problems = check_pins(requirements, dockerfile)
+    assert any(expected in problem for problem in problems), problems
+
+
+def test_the_compose_variables_default_to_the_documented_deployment() -> None:
+    """Unset, the variables give apache/kafka and the CLI's default ports; set, as docker/test.sh
+    sets them, the advertised host listener follows the published port."""
+    kafka = load_compose()["services"]["kafka"]
+    assert kafka["image"] == f"apache/kafka:{KAFKA_VERSION}"
+    chosen = {"FLOWSTREAM_KAFKA_IMAGE": "flowstream-kafka:x", "FLOWSTREAM_KAFKA_HOST_PORT": "19851"}
+    compose = load_compose(chosen)
+    kafka = compose["services"]["kafka"]
+    assert kafka["image"] == "flowstream-kafka:x"
+    advertised = listeners(environment(kafka)["KAFKA_ADVERTISED_LISTENERS"])
+    assert advertised["EXTERNAL"] == ("127.0.0.1", 19851)
+    assert PortMapping("127.0.0.1", 19851, 19092) in port_mappings(kafka)
+    assert any("flowstream-kafka:x is not apache/kafka" in p for p in check_kafka(compose))
+    # The variables are not settings: a FLOWSTREAM_<FIELD> of the shell never reaches compose.
+    names = {m.group(1) for m in _VARIABLE.finditer(COMPOSE.read_text())}
+    assert names == {
+        "FLOWSTREAM_IMAGE",
+        "FLOWSTREAM_KAFKA_IMAGE",
+        "FLOWSTREAM_KAFKA_HOST_PORT",
+        "FLOWSTREAM_METRICS_HOST_PORT_1",
+        "FLOWSTREAM_METRICS_HOST_PORT_2",
+    }
+    assert not {n.removeprefix("FLOWSTREAM_").lower() for n in names} & set(Settings.model_fields)
