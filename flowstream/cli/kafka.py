@@ -65,6 +65,7 @@ from flowstream.topology import (
     TopologyError,
     load_topology,
 )
+from flowstream.workflow import WORKFLOW_ATTRIBUTE
 
 __all__ = ["problems", "register"]
 
@@ -153,7 +154,8 @@ def register(subparsers: Any) -> None:
         "--workflow",
         required=True,
         metavar="MODULE[:ATTR]",
-        help="the WorkflowSpec to pin the run to (ATTR defaults to SPEC)",
+        help="the WorkflowSpec (or @app.workflow function) to pin the run to (ATTR defaults "
+        "to SPEC)",
     )
     start.add_argument("--input", default="null", help="JSON input, or @FILE to read it from")
     start.add_argument(
@@ -310,13 +312,17 @@ def _json(text: str | None, option: str) -> JSON:
 
 
 def load_spec(target: str) -> WorkflowSpec:
-    """The ``WorkflowSpec`` at ``module:attribute`` (attribute ``SPEC`` when omitted)."""
+    """The ``WorkflowSpec`` at ``module:attribute`` (attribute ``SPEC`` when omitted), or the
+    spec of the ``@app.workflow`` function there."""
     module_name, _, attribute = target.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise _UsageError(f"--workflow {target}: cannot import {module_name}: {exc}") from None
     spec = getattr(module, attribute or "SPEC", None)
+    registered = getattr(spec, WORKFLOW_ATTRIBUTE, None)
+    if registered is not None:
+        spec = registered.spec
     if not isinstance(spec, WorkflowSpec):
         raise _UsageError(f"--workflow {target} is not a WorkflowSpec")
     return spec

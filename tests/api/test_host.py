@@ -76,3 +76,11 @@ def test_the_cli_loads_an_app_by_module_alone() -> None:
     assert load_runtime("flowstream.examples.shop") is shop.app
     assert load_runtime("flowstream.examples.shop:app") is shop.app
     assert load_runtime("flowstream.examples.order") is order.runtime
+
+
+def test_kafka_start_pins_a_run_to_a_plain_code_workflow() -> None:
+    from flowstream.cli.kafka import load_spec
+    from flowstream.examples import shop
+
+    assert load_spec("flowstream.examples.shop:order") == shop.app.spec(shop.order)
+    assert load_spec("flowstream.examples.order").name == "order"
