@@ -240,7 +240,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     owned = wait_healthy(addresses, partitions, args.timeout)
     log(f"both processors healthy; partitions {owned[0]} and {owned[1]}")
     nonce = uuid.uuid4().hex[:6]
-    client = FlowClient(settings)
+    client = FlowClient(settings, wait=False)  # sends; the checks below read the runs back
     runs = Runs(settings, partitions)
     figures: dict[str, Any] = {}
     try:
