@@ -144,11 +144,12 @@ else
     run_dir=${FLOWSTREAM_DOCKER_RUN:-$(mktemp -d "${TMPDIR:-/tmp}/flowstream-dockerd.XXXXXX")}
     mkdir -p "$run_dir" "$cache/data"
     # Not through as_root, a function: backgrounded, it would be a subshell whose PID is not
-    # dockerd's. (Under sudo, the PID is sudo's, which passes the signal on.) fd 9, the lock,
-    # stays with this script.
+    # dockerd's. (Under sudo, the PID is sudo's, which passes the signal on.) In a session of its
+    # own, so a signal to this script's process group (timeout, ^C) leaves it to the cleanup,
+    # which takes the deployment down first. fd 9, the lock, stays with this script.
     sudo=()
     [ "$(id -u)" -eq 0 ] || sudo=(sudo -n)
-    "${sudo[@]}" dockerd \
+    "${sudo[@]}" setsid dockerd \
         --data-root "$cache/data" \
         --exec-root "$run_dir/exec" \
         --pidfile "$cache/dockerd.pid" \
