@@ -225,3 +225,38 @@ def test_no_outcome_in_time_raises_timeout(tmp_path: Path, kafka_bootstrap: str)
     finally:
         client.close()
         idle.close()
+
+
+def test_a_command_parked_past_its_time_to_live_answers_rejected(
+    tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    """Its second outcome says it was given up, why, and as what error (the parked one's)."""
+    prefix = f"t-outcomes-ttl-{uuid.uuid4().hex[:8]}"
+    group = Cluster(kafka_bootstrap, prefix, tmp_path)
+    try:
+        group.start(
+            "w1",
+            app="flowstream.examples.order:runtime",
+            extra_env={"FLOWSTREAM_PARKED_TTL_MS": "3000"},
+        )
+        client = FlowClient(group.client.settings, timeout=60)
+        try:
+            with pytest.raises(RunNotStartedError):
+                client.signal("never", "s-1", "shipped", command_id="late-signal")
+
+            def trail() -> list[Any]:
+                return client.outcomes("late-signal", "never", timeout=10)
+
+            wait_until(lambda: len(trail()) == 2, 60, "the parked signal was never given up")
+            parked, given_up = trail()
+            assert (parked.status, given_up.status) == (
+                OutcomeStatus.PARKED,
+                OutcomeStatus.REJECTED,
+            )
+            assert given_up.error_kind == "RunNotFoundError"
+            assert given_up.reason is not None and "parked for" in given_up.reason
+            assert "run does not exist yet" in given_up.reason
+        finally:
+            client.close()
+    finally:
+        group.close()
