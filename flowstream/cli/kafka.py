@@ -171,8 +171,19 @@ def register(subparsers: Any) -> None:
         reads=True,
     )
     status.add_argument("run_id")
-    history = add("history", "list a run's committed events", _history, (EVENTS,), reads=True)
-    history.add_argument("run_id")
+    history = add(
+        "history",
+        "list runs' committed events (export them with --json)",
+        _history,
+        (EVENTS,),
+        reads=True,
+    )
+    history.add_argument("run_ids", nargs="+", metavar="RUN")
+    history.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON array of the runs' event envelopes, as flowstream.testing.Replayer reads",
+    )
 
     signal = add("signal", "send a signal to a run (idempotent by --id)", _signal, (CMD_SIGNAL,))
     signal.add_argument("run_id")
@@ -411,9 +422,15 @@ def _status(args: argparse.Namespace, client: FlowClient) -> int:
 
 def _history(args: argparse.Namespace, client: FlowClient) -> int:
     from flowstream.cli.local import describe
+    from flowstream.testing.replayer import export_histories
 
-    for envelope in client.history(args.run_id, timeout=args.timeout):
-        print(describe(envelope))
+    histories = [client.history(run_id, timeout=args.timeout) for run_id in args.run_ids]
+    if args.json:
+        print(export_histories(histories).decode())
+        return 0
+    for history in histories:
+        for envelope in history:
+            print(describe(envelope))
     return 0
 
 

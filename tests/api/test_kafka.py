@@ -4,17 +4,23 @@ unchanged, and ``KafkaClient`` handles speak the embedded handles' vocabulary.""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 import flowstream
 from flowstream.examples import shop
+from flowstream.testing import Replayer
 from tests.api import hosted
 from tests.processor.conftest import cluster
 from tests.processor.harness import Cluster
 
 __all__ = ["cluster"]  # the processor tests' fixture: topics, a client, worker processes
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
 
@@ -39,6 +45,18 @@ def test_a_plain_code_workflow_runs_on_a_kafka_worker_through_a_handle(cluster: 
     assert [s.attempt for s in snapshot.steps.values()] == [2, 2, 2, 1]
     assert snapshot.waits["sleep"].status.value == "completed"
     assert worker.process.poll() is None
+    # Exported from the events topic, the history replays against the app.
+    command = ["kafka", "history", "errand-kafka-1", "--json", "--bootstrap", cluster.bootstrap]
+    exported = subprocess.run(
+        [sys.executable, "-m", "flowstream", *command, "--prefix", cluster.prefix],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    report = asyncio.run(Replayer(hosted.app).replay_export(exported))
+    assert report.ok and report.runs[0].decisions_checked >= 6
 
 
 def test_the_readme_workflow_runs_on_a_kafka_worker_up_to_its_hour(cluster: Cluster) -> None:
