@@ -88,8 +88,13 @@ class Context:
         """Produce into the open transaction."""
         self.pipeline.produce(Record(topic, partition, key.encode(), value, headers))
 
-    def emit(self, command: CommandMessage) -> None:
-        """Produce a command to its topic, to the partition of its routing key."""
-        topic = self.topics[COMMAND_TOPIC_FOR[type(command)]]
+    def emit(self, command: CommandMessage, *, behind_start: bool = False) -> None:
+        """Produce a command to its topic, to the partition of its routing key.
+
+        ``behind_start``: on ``cmd.start`` instead, for a command to a run whose start this
+        partition sent (a child, a continuation's successor): one partition of one topic keeps
+        the order, so it is read after that start and never finds the run missing.
+        """
+        topic = self.topics[CMD_START if behind_start else COMMAND_TOPIC_FOR[type(command)]]
         key = routing_key(command)
         self.produce(topic, partition_for(key, self.partitions), key, codec.encode_message(command))

@@ -150,7 +150,29 @@ class _Quarantine:
         return len(self._quarantined)
 
 
-class PartitionStore(_Quarantine, RocksDBEventStore):
+class _Transactions:
+    """What the open transaction (staged) and the one being committed (sealed) hold."""
+
+    _batch: WriteBatch | None
+    _sealed: WriteBatch | None
+    _open_since: dict[str, int]
+
+    @property
+    def has_staged(self) -> bool:
+        return self._batch is not None
+
+    @property
+    def has_sealed(self) -> bool:
+        return self._sealed is not None
+
+    def open_since(self, run_id: str) -> int | None:
+        """The last sequence ``run_id`` had before the open transaction first appended to it;
+        ``None`` when the open transaction has appended nothing to it (what it holds is
+        committed, or in the transaction being committed)."""
+        return self._open_since.get(run_id)
+
+
+class PartitionStore(_Transactions, _Quarantine, RocksDBEventStore):
     """State of partition ``partition``; appends are staged for the open transaction."""
 
     def __init__(
@@ -166,6 +188,8 @@ class PartitionStore(_Quarantine, RocksDBEventStore):
         self._staged_inbox: dict[bytes, bytes | None] = {}
         self._staged_tokens: dict[str, tuple[str, str]] = {}
         self._staged_wakeups = False
+        # Each run the open transaction appended to: its last sequence before the first append.
+        self._open_since: dict[str, int] = {}
         # What the sealed batch (the transaction being committed) staged.
         self._sealed_runs: set[str] = set()
         self._sealed_wakeups = False
@@ -203,14 +227,6 @@ class PartitionStore(_Quarantine, RocksDBEventStore):
 
     # -- staging ----------------------------------------------------------------------------
 
-    @property
-    def has_staged(self) -> bool:
-        return self._batch is not None
-
-    @property
-    def has_sealed(self) -> bool:
-        return self._sealed is not None
-
     def _stage(self) -> WriteBatch:
         if self._batch is None:
             self._batch = WriteBatch(raw_mode=True)
@@ -225,6 +241,7 @@ class PartitionStore(_Quarantine, RocksDBEventStore):
     ) -> None:
         # Staged first: a failure there produces nothing the local state would not hold.
         self._stage_write(run_id, envelopes, encoded, changes)
+        self._open_since.setdefault(run_id, envelopes[0].sequence - 1)
         self._sink(run_id, envelopes, encoded)
 
     def _stage_write(
@@ -265,6 +282,7 @@ class PartitionStore(_Quarantine, RocksDBEventStore):
         assert self._sealed is None, "a sealed batch is still waiting for its commit"
         self._sealed = self._stage()
         self._batch = None
+        self._open_since = {}
         self._sealed_runs = self._staged_runs
         self._staged_runs = set()
         self._sealed_wakeups = self._staged_wakeups
@@ -295,6 +313,7 @@ class PartitionStore(_Quarantine, RocksDBEventStore):
         if self._restaged:
             self._stage_restored(batch)
         self._batch = None
+        self._open_since = {}
         self._write(batch, events_offset, wakeups_changed=self._staged_wakeups)
         self._staged_wakeups = False
         self._staged_runs.clear()
@@ -318,6 +337,7 @@ class PartitionStore(_Quarantine, RocksDBEventStore):
         touched = self._staged_runs | self._sealed_runs
         self._batch = None
         self._sealed = None
+        self._open_since = {}
         self._staged_wakeups = self._sealed_wakeups = False
         if self._restaged:
             self._restaged.clear()

@@ -31,6 +31,7 @@ from flowstream.processor.engine import PartitionEngine
 from flowstream.replay.context import WorkflowContext
 from flowstream.replay.decide import derived_run_id
 from flowstream.settings import Settings
+from flowstream.stores.base import EventStore
 from flowstream.stores.memory import MemoryEventStore
 from tests.support import FakeClock, make_runtime, run, spec
 
@@ -42,12 +43,25 @@ def forever(ctx: WorkflowContext) -> RuntimeCommand:
     return ctx.continue_as_new(ctx.input + 1)
 
 
-def partition(store: MemoryEventStore, sent: list[CommandMessage]) -> PartitionEngine:
+class Recorder:
+    """An ``Emit`` that keeps what is sent, and which commands went behind a start."""
+
+    def __init__(self, sent: list[CommandMessage]) -> None:
+        self.sent = sent
+        self.behind: list[CommandMessage] = []
+
+    def __call__(self, command: CommandMessage, *, behind_start: bool = False) -> None:
+        self.sent.append(command)
+        if behind_start:
+            self.behind.append(command)
+
+
+def partition(store: EventStore, sent: list[CommandMessage]) -> PartitionEngine:
     return PartitionEngine(
         store,
         {None: make_runtime(forever)},
         dispatch=lambda run_id, steps: None,
-        emit=sent.append,
+        emit=Recorder(sent),
         clock=FakeClock(),
         max_continuations=3,
     )
@@ -124,7 +138,7 @@ def test_the_last_run_of_a_child_chain_resolves_the_child() -> None:
             )
         },
         dispatch=lambda run_id, steps: None,
-        emit=sent.append,
+        emit=Recorder(sent),
         clock=FakeClock(),
     )
     child_run = derived_run_id("parent-1", "child", "kid")
@@ -175,17 +189,30 @@ def test_signals_cancellations_and_retries_for_a_continued_run_go_on_to_its_succ
     store = MemoryEventStore()
     successor = continued_root(store)
     sent: list[CommandMessage] = []
-    engine = partition(store, sent)
+    recorder = Recorder(sent)
+    engine = PartitionEngine(
+        store,
+        {None: make_runtime(forever)},
+        dispatch=lambda run_id, steps: None,
+        emit=recorder,
+        clock=FakeClock(),
+    )
     run(engine.send_signal("root", "s1", "go", 7))
     run(engine.request_cancellation("root", "stop"))
     run(engine.force_cancel("root", "now"))
     assert engine.forward_retry("root")
-    assert sent == [
+    forwarded = [
         SendSignal(run_id=successor, signal_id="s1", name="go", payload=7),
         CancelRun(run_id=successor, reason="stop"),
         CancelRun(run_id=successor, reason="now", force=True),
         RetryRun(run_id=successor),
     ]
+    # Each goes on behind the successor's start; the retry sends that start again first.
+    assert recorder.behind == forwarded
+    [again] = [m for m in sent if isinstance(m, StartRun)]
+    assert again.run_id == successor and again.input == 1 and again.parent is not None
+    assert (again.parent.run_id, again.parent.hop) == ("root", 1)
+    assert sent == [*forwarded[:3], again, forwarded[3]]
     assert not engine.forward_retry(successor)  # not created here yet: nothing to follow
     assert len(store.read("root")) == 3
 
@@ -235,3 +262,15 @@ def test_the_processor_hop_limit_is_a_setting() -> None:
     assert Settings.from_env({"FLOWSTREAM_MAX_CONTINUATIONS": "0"}).max_continuations == 0
     with pytest.raises(ValidationError):
         Settings.from_env({"FLOWSTREAM_MAX_CONTINUATIONS": "-1"})
+
+
+def test_a_forwarded_command_keeps_its_ids() -> None:
+    """A client's command id (and signal id) go on with it, so its outcome can follow."""
+    store = MemoryEventStore()
+    successor = continued_root(store)
+    sent: list[CommandMessage] = []
+    engine = partition(store, sent)
+    signal = SendSignal(run_id="root", signal_id="s1", name="go", command_id="cmd-1")
+    assert engine.forward(signal) == successor
+    assert sent == [signal.model_copy(update={"run_id": successor})]
+    assert engine.forward(SendSignal(run_id=successor, signal_id="s1", name="go")) is None

@@ -46,7 +46,7 @@ class Partition:
             self.store,
             {None: self.runtime},
             dispatch=lambda run_id, steps: None,
-            emit=lambda command: None,
+            emit=lambda command, behind_start=False: None,
             clock=self.clock,
         )
         self.task = PartitionTask(0, self.store, self.engine, {}, {}, restoring=False)
