@@ -218,16 +218,33 @@ platforms=()
 for glibc in 36 35 34 33 32 31 30 29 28 27 26 25 24 23 22 21 20 19 18 17; do
     platforms+=(--platform "manylinux_2_${glibc}_$(uname -m)")  # Debian 12 has glibc 2.36
 done
-"$python" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
-    --implementation cp --python-version 3.11 --abi cp311 "${platforms[@]}" \
-    --dest "$wheels" -r docker/requirements.txt || fail "pip download of docker/requirements.txt"
+have_wheels=1
+while read -r pin; do
+    pin=${pin%%#*}
+    pin=${pin// /}
+    [ -n "$pin" ] || continue
+    name=${pin%%==*}
+    compgen -G "$wheels/${name//-/_}-${pin##*==}-*.whl" >/dev/null || have_wheels=
+done <docker/requirements.txt
+if [ -z "$have_wheels" ]; then
+    "$python" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+        --implementation cp --python-version 3.11 --abi cp311 "${platforms[@]}" \
+        --dest "$wheels" -r docker/requirements.txt || fail "pip download of docker/requirements.txt"
+fi
 "$python" -m http.server --bind 127.0.0.1 --directory "$wheels" "$wheels_port" \
     >"$work/wheels.log" 2>&1 9>&- &
 wheels_pid=$!
-for _ in $(seq 1 50); do
-    curl -fs -o /dev/null "http://127.0.0.1:$wheels_port/" && break
-    sleep 0.2
-done
+"$python" - "http://127.0.0.1:$wheels_port/" <<'EOF' || fail "the wheelhouse is not served"
+import sys, time, urllib.request
+for _ in range(50):
+    try:
+        urllib.request.urlopen(sys.argv[1], timeout=1)
+        break
+    except OSError:
+        time.sleep(0.2)
+else:
+    sys.exit(1)
+EOF
 # The build context docker/Dockerfile.dockerignore describes, staged (the legacy builder reads
 # only a .dockerignore at the root).
 tar -c --exclude=__pycache__ --exclude='*.pyc' \
