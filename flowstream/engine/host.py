@@ -48,6 +48,8 @@ class Host(RunInputs, Inspection, Continuation):
 
     #: Longest real sleep between two looks at the store (new inputs, new deadlines).
     poll_interval: float = 0.5
+    #: Whether ``serve`` runs (then it alone fires deadlines).
+    _serving: bool = False
 
     async def run_until_idle(self, *, timeout: float | None = None) -> SchedulerTick:
         """Fire every deadline as it comes due until none is left; what the ticks did.
@@ -82,6 +84,9 @@ class Host(RunInputs, Inspection, Continuation):
             snapshot = self.snapshot(self.continuation_chain(run_id)[-1])
             if snapshot.is_terminal:
                 return snapshot
+            if self._serving:  # serve() fires the deadlines: only watch
+                await self._pause(None, give_up, run_id)
+                continue
             tick = await self.resume_due()
             snapshot = self.snapshot(self.continuation_chain(run_id)[-1])
             if snapshot.is_terminal:
@@ -104,11 +109,16 @@ class Host(RunInputs, Inspection, Continuation):
             await self._wait_until(wakeup.due, give_up)
 
     async def serve(self) -> NoReturn:
-        """Fire deadlines as they come due, for ever (cancel the task to stop)."""
-        while True:
-            await self.resume_due()
-            wakeup = self.next_wakeup()
-            await self._pause(wakeup.due if wakeup is not None else None, None, None)
+        """Fire deadlines as they come due, for ever (cancel the task to stop); meanwhile
+        ``wait`` only watches, so one loop fires each deadline."""
+        self._serving = True
+        try:
+            while True:
+                await self.resume_due()
+                wakeup = self.next_wakeup()
+                await self._pause(wakeup.due if wakeup is not None else None, None, None)
+        finally:
+            self._serving = False
 
     async def _wait_until(self, moment: datetime, give_up: float | None) -> None:
         clock = self._clock
