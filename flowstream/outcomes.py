@@ -35,6 +35,8 @@ MAX_FORWARDS = 4
 #: A forwarded command's next outcome is looked for from this long before the forward was
 #: written (the clocks of two processors may differ).
 _FORWARD_SKEW_MS = 60_000
+#: How long the broker may hold a fetch of the outcomes topic that finds nothing.
+_FETCH_WAIT_MS = 20
 #: What a command is, in a sentence.
 _WHAT = {
     "start_run": "start",
@@ -116,8 +118,13 @@ class OutcomeReader:
 
     def _reader(self) -> Any:
         if self._consumer is None:
+            # A read_committed fetch that finds nothing is held by the broker for up to
+            # fetch.wait.max.ms (500 ms by default) even once the transaction it waits for
+            # commits: each wait would end on that tick.
             self._consumer = clients.new_consumer(
-                self.settings.bootstrap, f"{self.settings.group}-outcomes-unused"
+                self.settings.bootstrap,
+                f"{self.settings.group}-outcomes-unused",
+                {"fetch.wait.max.ms": _FETCH_WAIT_MS},
             )
         return self._consumer
 
@@ -159,7 +166,10 @@ class OutcomeReader:
                     f"no outcome of command {command_id} for {key} in time: is a processor "
                     f"running for partition {partition}? (the command stays on its topic)"
                 )
-            for message in reader.consume(500, timeout=min(remaining, 0.5)):
+            # poll returns at the first record (consume would wait out its timeout for 500).
+            first = reader.poll(min(remaining, 0.5))
+            batch = [] if first is None else [first, *reader.consume(500, timeout=0)]
+            for message in batch:
                 for outcome in wire.outcomes_of([message], command_id):
                     return outcome, int(message.timestamp()[1]), int(message.offset())
 

@@ -61,9 +61,13 @@ class FakeConsumer:
 
     def consume(self, count: int, timeout: float) -> list[Message]:
         partition, offset = self._at
-        found = self.logs.get(partition, [])[offset:]
+        found = self.logs.get(partition, [])[offset : offset + count]
         self._at = (partition, offset + len(found))
         return found
+
+    def poll(self, timeout: float) -> Message | None:
+        found = self.consume(1, timeout)
+        return found[0] if found else None
 
     def get_watermark_offsets(self, tp: Any, timeout: float, cached: bool) -> tuple[int, int]:
         return 0, len(self.logs.get(tp.partition, []))
