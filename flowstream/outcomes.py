@@ -29,9 +29,11 @@ from flowstream.settings import Settings
 
 __all__ = ["MAX_FORWARDS", "OutcomeReader", "answer", "high_watermark", "new_command_id"]
 
-#: How often one command's outcomes may send it on to another run (a token-only hook
-#: resumption is sent on once, to the hook's run).
-MAX_FORWARDS = 4
+#: How often one command's outcomes may send it on to another run: a token-only hook
+#: resumption is sent on once, to the hook's run; a signal, cancellation or retry for a run
+#: that continued as new once per hop of its chain to the active run. Past this many the
+#: client stops following and raises (the command still applies).
+MAX_FORWARDS = 64
 #: A forwarded command's next outcome is looked for from this long before the forward was
 #: written (the clocks of two processors may differ).
 _FORWARD_SKEW_MS = 60_000

@@ -171,8 +171,9 @@ class CommandHandler:
         return "applied"
 
     async def apply(self, task: PartitionTask, command: CommandMessage) -> str | None:
-        """Apply one decoded command; raises ``Park`` when it has to wait. Returns the run a
-        token-only hook resumption was sent on to."""
+        """Apply one decoded command; raises ``Park`` when it has to wait. Returns the run it
+        was sent on to: a token-only hook resumption's, or the successor of a run that
+        continued as new (a signal, a cancellation, a retry)."""
         engine = task.engine
         store = task.store
         try:
@@ -190,6 +191,10 @@ class CommandHandler:
                         self._refuse_child(command, str(exc))
                         raise
                     await engine.advance(command.run_id)
+                case SendSignal() | CancelRun() | RetryRun() if (
+                    successor := engine.forward(command)
+                ) is not None:
+                    return successor  # it continued as new: the successor's partition answers
                 case SendSignal():
                     if not store.exists(command.run_id):
                         raise Park("run does not exist yet", kind=_NOT_FOUND)

@@ -4,7 +4,7 @@ engine (issue 17), proven on the real broker with a real ``flowstream worker``:
 * a child that continues as new reports its chain's final outcome to its parent;
 * a signal, a cancellation or a forced cancellation addressed to a chain's root id follows the
   chain to its active run, also when it comes right behind the continuation (the successor's
-  start may not be applied yet on its partition);
+  start may not be applied yet on its partition), and is answered by the run that applied it;
 * a forced cancellation reaches the children on every partition per their policy: one that
   requests cancellation ends cancelled, an abandoned one runs on where it lives, once;
 * each child's start is produced once, in the transaction that records the request, and an
@@ -22,10 +22,16 @@ import pytest
 
 from flowstream import codec
 from flowstream.client import EventTail, FlowClient
-from flowstream.errors import RunNotFoundError
+from flowstream.errors import RunConflictError, RunNotFoundError
 from flowstream.kafka import clients
 from flowstream.model.base import JSON
-from flowstream.model.messages import CancelRun, CommandMessage, SendSignal, StartRun
+from flowstream.model.messages import (
+    CancelRun,
+    CommandMessage,
+    OutcomeStatus,
+    SendSignal,
+    StartRun,
+)
 from flowstream.model.snapshot import RunStatus, WorkflowRunSnapshot
 from flowstream.partitioning import partition_for
 from flowstream.replay.decide import derived_run_id
@@ -250,6 +256,38 @@ def test_signal_cancel_and_force_cancel_by_the_root_id_reach_the_active_run(
     for runs in (signalled, cancelled, forced):
         assert len(runs) == 4
     assert any(crosses(client, runs) for runs in (signalled, cancelled, forced))
+
+
+def test_a_control_sent_to_the_root_is_answered_by_the_run_that_applied_it(
+    cluster: Cluster,
+) -> None:
+    """Every command answers: a signal to a chain's root is forwarded hop by hop with its
+    command id and answered by the active run; a signal id used again with other content is
+    refused there with the embedded engine's ``RunConflictError``; a late cancel is a no-op."""
+    client = cluster.client
+    waiting = FlowClient(
+        Settings(
+            bootstrap=cluster.bootstrap,
+            topic_prefix=cluster.prefix,
+            group=f"{cluster.prefix}-waiting",
+        )
+    )
+    try:
+        waiting.start("answered", KID, {"hops": 2, "wait": "signal"}, timeout=60)
+        leaf = chain_runs(client, "answered", suspended, why=cluster.logs)[-1].run_id
+        outcome = waiting.signal("answered", "sig-1", "go", "once", timeout=60)
+        assert outcome is not None and outcome.status is OutcomeStatus.APPLIED
+        assert outcome.key == leaf
+        steps = waiting.outcomes(outcome.command_id, "answered")
+        assert steps[0].status is OutcomeStatus.FORWARDED and steps[-1] == outcome
+        done = chain_runs(client, "answered", ended, why=cluster.logs)[-1]
+        assert done.status is RunStatus.COMPLETED and done.output == {"go": "once"}
+        with pytest.raises(RunConflictError):
+            waiting.signal("answered", "sig-1", "go", "twice", timeout=60)
+        late = waiting.cancel("answered", "late", timeout=60)
+        assert late is not None and late.status is OutcomeStatus.NOOP and late.key == leaf
+    finally:
+        waiting.close()
 
 
 @pytest.mark.parametrize("force", [False, True], ids=["cancel", "force-cancel"])
