@@ -1,5 +1,5 @@
-"""``flowstream kafka start|wait|status|history|signal|hook|cancel|retry``: runs on a Kafka
-deployment.
+"""``flowstream kafka start|wait|status|history|signal|hook|cancel|retry|outcome``: runs on a
+Kafka deployment.
 
 The embedded commands (``flowstream status``, ``signal``… of :mod:`flowstream.cli.local`) execute
 a run inside this process against a RocksDB directory. These *send* a command to the run's
@@ -17,7 +17,9 @@ meaning and other options (``--bootstrap``, ``--prefix``, ``--topology`` instead
   verb prints it in one line (``applied``, or ``noop`` with why) and exits 0, or exits non-zero
   with the processor's reason: 1 refused (an unknown run, a wrong token, an input that does not
   validate...), 4 parked (its run does not exist yet, its build is not served: it applies if it
-  can within the parked time-to-live). ``--timeout`` bounds the wait.
+  can within the parked time-to-live). ``--timeout`` bounds the wait. ``--command-id`` names
+  the command (default: a new id, printed with ``--no-wait``); ``outcome ID --run RUN`` reads
+  what became of it, from any machine.
 * ``retry`` asks the run's owner to drive it again now: after the code its workflow raised in
   was fixed and deployed, say (``applied``). A run that ended answers ``noop``; an unknown run
   is refused. ``wait`` on a run that does not exist says so at once (exit 1).
@@ -51,6 +53,7 @@ from flowstream.model.base import JSON
 from flowstream.model.messages import CommandOutcome
 from flowstream.model.snapshot import RunStatus, WorkflowRunSnapshot
 from flowstream.model.spec import WorkflowSpec
+from flowstream.outcomes import new_command_id
 from flowstream.replay.liveness import condition
 from flowstream.replay.state import RunState
 from flowstream.settings import Settings
@@ -136,6 +139,11 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="send the command and return, without waiting for its outcome",
     )
+    sending.add_argument(
+        "--command-id",
+        help="the command's id (default: a new one); `flowstream kafka outcome ID --run RUN` "
+        "reads what became of it",
+    )
 
     def add(
         name: str, help: str, work: _Work, suffixes: Iterable[str], *, reads: bool = False
@@ -211,6 +219,16 @@ def register(subparsers: Any) -> None:
 
     retry = add("retry", "drive a run again now (after a fix)", _retry, (CMD_CANCEL,))
     retry.add_argument("run_id")
+
+    outcome = add(
+        "outcome",
+        "show what became of a command, by its id, read from the outcomes topic",
+        _outcome_of,
+        (OUTCOMES,),
+        reads=True,
+    )
+    outcome.add_argument("command_id")
+    outcome.add_argument("--run", dest="run_id", required=True, help="the run it addressed")
 
 
 # -- plumbing -----------------------------------------------------------------------------
@@ -360,10 +378,16 @@ def _outcome(snapshot: WorkflowRunSnapshot) -> int:
 # -- verbs --------------------------------------------------------------------------------
 
 
-def _said(done: str, outcome: CommandOutcome | None) -> str:
-    """What a verb prints: ``sent …`` without waiting, else the outcome (and why, if given)."""
+def _command_id(args: argparse.Namespace) -> str:
+    given: str | None = args.command_id
+    return given or new_command_id()
+
+
+def _said(done: str, outcome: CommandOutcome | None, command_id: str) -> str:
+    """What a verb prints: ``sent …`` (and the command's id) without waiting, else the outcome
+    (and why, if given)."""
     if outcome is None:
-        return f"sent {done}"
+        return f"sent {done} (command {command_id})"
     said = f"{done}: {outcome.status.value}"
     return f"{said} ({outcome.reason})" if outcome.reason else said
 
@@ -373,10 +397,20 @@ def _start(args: argparse.Namespace, client: FlowClient) -> int:
         raise _UsageError("--wait waits for the run to end: it cannot go with --no-wait")
     spec = load_spec(args.workflow)
     data = _json(args.input, "--input")
-    outcome = client.start(args.run_id, spec, data, wait=not args.no_wait, timeout=args.timeout)
+    command_id = _command_id(args)
+    outcome = client.start(
+        args.run_id,
+        spec,
+        data,
+        command_id=command_id,
+        wait=not args.no_wait,
+        timeout=args.timeout,
+    )
     client.flush(args.timeout)
     said = _said(
-        f"start of run {args.run_id} (workflow {spec.name} version {spec.version})", outcome
+        f"start of run {args.run_id} (workflow {spec.name} version {spec.version})",
+        outcome,
+        command_id,
     )
     if not args.wait:
         print(said)
@@ -436,16 +470,19 @@ def _history(args: argparse.Namespace, client: FlowClient) -> int:
 
 def _signal(args: argparse.Namespace, client: FlowClient) -> int:
     payload = _json(args.payload, "--payload")
+    command_id = _command_id(args)
     outcome = client.signal(
         args.run_id,
         args.signal_id,
         args.name,
         payload,
+        command_id=command_id,
         wait=not args.no_wait,
         timeout=args.timeout,
     )
     client.flush(args.timeout)
-    print(_said(f"signal {args.name} (id {args.signal_id}) to run {args.run_id}", outcome))
+    done = f"signal {args.name} (id {args.signal_id}) to run {args.run_id}"
+    print(_said(done, outcome, command_id))
     return 0
 
 
@@ -465,7 +502,12 @@ def _hook(args: argparse.Namespace, client: FlowClient) -> int:
     if args.dispose and args.payload is not None:
         raise _UsageError("--dispose takes no --payload")
     payload = _json(args.payload, "--payload")
-    options: dict[str, Any] = {"wait": not args.no_wait, "timeout": args.timeout}
+    command_id = _command_id(args)
+    options: dict[str, Any] = {
+        "command_id": command_id,
+        "wait": not args.no_wait,
+        "timeout": args.timeout,
+    }
     if args.token_stdin:
         outcome = client.resume_hook_by_token(_read_token(), payload, **options)
         done = "hook resumption by token"
@@ -478,22 +520,45 @@ def _hook(args: argparse.Namespace, client: FlowClient) -> int:
         outcome = client.resume_hook(args.run_id, args.hook_id, payload, **options)
         done = f"resumption of hook {args.hook_id} to run {args.run_id}"
     client.flush(args.timeout)
-    print(_said(done, outcome))
+    print(_said(done, outcome, command_id))
     return 0
 
 
 def _cancel(args: argparse.Namespace, client: FlowClient) -> int:
+    command_id = _command_id(args)
     outcome = client.cancel(
-        args.run_id, args.reason, force=args.force, wait=not args.no_wait, timeout=args.timeout
+        args.run_id,
+        args.reason,
+        force=args.force,
+        command_id=command_id,
+        wait=not args.no_wait,
+        timeout=args.timeout,
     )
     client.flush(args.timeout)
     what = "forced cancellation" if args.force else "cancellation request"
-    print(_said(f"{what} to run {args.run_id}", outcome))
+    print(_said(f"{what} to run {args.run_id}", outcome, command_id))
     return 0
 
 
 def _retry(args: argparse.Namespace, client: FlowClient) -> int:
-    outcome = client.retry(args.run_id, wait=not args.no_wait, timeout=args.timeout)
+    command_id = _command_id(args)
+    outcome = client.retry(
+        args.run_id, command_id=command_id, wait=not args.no_wait, timeout=args.timeout
+    )
     client.flush(args.timeout)
-    print(_said(f"retry of run {args.run_id}", outcome))
+    print(_said(f"retry of run {args.run_id}", outcome, command_id))
+    return 0
+
+
+def _outcome_of(args: argparse.Namespace, client: FlowClient) -> int:
+    """Every outcome of the command so far, oldest first (a parked one's later outcome, a
+    forwarded one's on the run it went on to), as a JSON array."""
+    found = client.outcomes(args.command_id, args.run_id, timeout=args.timeout)
+    if not found:
+        raise FlowError(
+            f"no outcome of command {args.command_id} for run {args.run_id} (yet): check the "
+            "id and the run, and that a processor owns the run's partition",
+            run_id=args.run_id,
+        )
+    print(_show([o.model_dump(mode="json", exclude={"type"}) for o in found]))
     return 0

@@ -356,8 +356,11 @@ def test_settings_come_from_the_environment(
     monkeypatch.setenv("FLOWSTREAM_TOPIC_PREFIX", deployment.prefix)
     run_id = f"env-{uuid.uuid4().hex[:8]}"
     sent = cli("cancel", run_id, "--force", "--no-wait", connect=False)
-    assert (sent.code, sent.out) == (0, f"sent forced cancellation to run {run_id}\n"), sent.err
+    assert sent.code == 0, sent.err
     (command,) = commands_on(deployment.bootstrap, f"{deployment.prefix}.cmd.cancel", run_id)
+    assert command.command_id
+    said = f"sent forced cancellation to run {run_id} (command {command.command_id})\n"
+    assert sent.out == said
     assert command == CancelRun(run_id=run_id, force=True, command_id=command.command_id)
 
 
@@ -406,9 +409,20 @@ def test_commands_to_an_unknown_run_exit_non_zero_with_the_reason(cli: Cli) -> N
     # A run whose commands wait for it to start says so.
     waiting = one_line_error(cli("wait", ghost), 1, "wait")
     assert f"run {ghost} has not started; commands for it wait" in waiting
-    # Without waiting, only the sending is confirmed.
-    sent = cli("signal", ghost, "shipped", "--id", "s2", "--no-wait")
-    assert (sent.code, sent.out) == (0, f"sent signal shipped (id s2) to run {ghost}\n")
+    # Without waiting, only the sending is confirmed; anyone reads its outcome later.
+    sent = cli("signal", ghost, "shipped", "--id", "s2", "--no-wait", "--command-id", "c-s2")
+    said = f"sent signal shipped (id s2) to run {ghost} (command c-s2)\n"
+    assert (sent.code, sent.out) == (0, said)
+    status_until(cli, ghost, lambda s: len(s.get("waiting_commands", [])) == 3)
+    (parked,) = cli("outcome", "c-s2", "--run", ghost).json()
+    assert parked["status"] == "parked" and parked["error_kind"] == "RunNotFoundError"
+    assert (parked["command_id"], parked["key"], parked["command"]) == (
+        "c-s2",
+        ghost,
+        "send_signal",
+    )
+    unknown = one_line_error(cli("outcome", "c-none", "--run", ghost), 1, "outcome")
+    assert f"no outcome of command c-none for run {ghost} (yet)" in unknown
     both = cli("start", ghost, "--workflow", WORKFLOW, "--wait", "--no-wait")
     assert both.code == 2 and "cannot go with --no-wait" in both.err
 

@@ -30,7 +30,7 @@ def test_every_verb_is_there_with_the_connection_options() -> None:
     kafka = _subparser(build_parser(), "kafka")
     (verbs,) = [a for a in kafka._actions if isinstance(a, argparse._SubParsersAction)]
     assert set(verbs.choices) == {
-        "start", "wait", "status", "history", "signal", "hook", "cancel", "retry"
+        "start", "wait", "status", "history", "signal", "hook", "cancel", "retry", "outcome"
     }  # fmt: skip
     for verb in verbs.choices.values():
         options = {o for a in verb._actions for o in a.option_strings}
