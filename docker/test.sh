@@ -113,6 +113,10 @@ cleanup() {
         fi
         [ "$status" -eq 0 ] || tail -n 20 "$run_dir/dockerd.log" >&2 || true
         say "stopped dockerd $dockerd_pid"
+        # dockerd leaves its network namespace mounted (exec/netns/default) when it stops.
+        while read -r _ mount _; do
+            case $mount in "$run_dir"/*) as_root umount "$mount" || true ;; esac
+        done </proc/mounts
         [ -n "${FLOWSTREAM_DOCKER_RUN:-}" ] || as_root rm -rf "$run_dir"
     fi
     [ -z "$work" ] || as_root rm -rf "$work"
