@@ -44,6 +44,7 @@ def connect_clients(processor: Processor) -> None:
         # Reads the group's positions without waiting for stable ones; never joins the group.
         lambda: clients.new_consumer(s.bootstrap, s.group, {"isolation.level": "read_uncommitted"}),
     )
+    processor.tasks.fence.prepare(processor.tasks.command_topics[0])
     consumer = clients.new_consumer(
         s.bootstrap,
         s.group,

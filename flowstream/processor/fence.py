@@ -51,6 +51,16 @@ class OwnerFence:
         #: Every writer id this member has had: never fenced by it.
         self.mine: set[str] = set()
 
+    def prepare(self, topic: str) -> None:
+        """Connect the reader to the group's coordinator now (a position of ``topic``), so the
+        first assignment does not wait for that; never raises."""
+        try:
+            if self._reader is None:
+                self._reader = self._new_reader()
+            self._reader.committed([clients.TopicPartition(topic, 0)], timeout=5)
+        except clients.KafkaException as exc:
+            LOG.info("the fence's reader is not connected yet (%s)", exc)
+
     def previous_writers(self, assigned: list[Any]) -> set[str]:
         """The writers of the last committed positions of ``assigned`` that are not this
         member's."""

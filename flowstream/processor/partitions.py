@@ -75,9 +75,10 @@ class PartitionHost:
         holder["task"] = task
         return task
 
-    def new_producer(self, slot: ProducerSlot) -> Any:
+    def new_producer(self, slot: ProducerSlot, *, ahead: bool = False) -> Any:
         """A transactional producer of this instance, initialised: any transaction an earlier
-        producer of the same ``transactional.id`` left open is aborted first."""
+        producer of the same ``transactional.id`` left open is aborted first. ``ahead``: the
+        slot is claimed for it now, and a call that makes it is returned, to run elsewhere."""
         s = self.p.settings
         slot.generation += 1
         generation = slot.generation
@@ -87,23 +88,29 @@ class PartitionHost:
                 slot.delivered(err, message)
 
         slot.writer = self.p.ctx.writer
-        producer = clients.new_transactional_producer(
-            s.bootstrap,
-            transactional_ids(s.group, slot.writer)[slot.index],
-            {
-                "transaction.timeout.ms": s.transaction_timeout_ms,
-                "message.max.bytes": 4 * 1024 * 1024,
-                "linger.ms": 1,
-                # No error_cb: confluent-kafka calls it for a fatal error with that error
-                # already pending as the exception of the flush() or poll() that serves it, so
-                # any builtin the callback calls fails with SystemError. Without one, the call
-                # raises the error itself, as a bare KafkaError (``clients.as_exception``).
-                "on_delivery": delivered,
-                **debug_config(s),
-            },
-        )
-        retrying(lambda: producer.init_transactions(30))
-        return producer
+        transactional_id = transactional_ids(s.group, slot.writer)[slot.index]
+
+        def make() -> Any:
+            producer = clients.new_transactional_producer(
+                s.bootstrap,
+                transactional_id,
+                {
+                    "transaction.timeout.ms": s.transaction_timeout_ms,
+                    "message.max.bytes": 4 * 1024 * 1024,
+                    "linger.ms": 1,
+                    # No error_cb: confluent-kafka calls it for a fatal error with that error
+                    # already pending as the exception of the flush() or poll() that serves it,
+                    # so any builtin the callback calls fails with SystemError. Without one, the
+                    # call raises the error itself, as a bare KafkaError
+                    # (``clients.as_exception``).
+                    "on_delivery": delivered,
+                    **debug_config(s),
+                },
+            )
+            retrying(lambda: producer.init_transactions(30))
+            return producer
+
+        return make if ahead else make()
 
     # -- what the pipeline asks ----------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from flowstream.processor.commands import CommandHandler
 from flowstream.processor.connect import connect_clients
 from flowstream.processor.context import Context
 from flowstream.processor.deadletters import DeadLetters
+from flowstream.processor.lane import Lane
 from flowstream.processor.metrics import ProcessorMetrics
 from flowstream.processor.partitions import PartitionHost
 from flowstream.processor.restore import StateRestorer
@@ -107,6 +108,7 @@ class Processor:
             stuck_s=stuck_s,
             metrics=self.metrics,
             events_topic=ctx.topics["events"],
+            prepare=Lane("flowstream-prepare"),
         )
         self.consumer: Any = None
         # Commands consumed but not applied yet: an iteration's decisions stop at the budget.

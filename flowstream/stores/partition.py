@@ -302,6 +302,12 @@ class PartitionStore(_Transactions, _Quarantine, RocksDBEventStore):
         _drop_sealed(self._staged_hooks, hooks)
         _drop_sealed(self._staged_inbox, inbox)
         _drop_sealed(self._staged_tokens, tokens)
+        # A run that ended takes no more decisions: its state leaves the cache (a later read
+        # loads it from the store), so the runs held in memory are the ones still going.
+        for run_id in self._sealed_runs - self._staged_runs:
+            state = self._states.get(run_id)
+            if state is not None and state.is_terminal:
+                del self._states[run_id]
         self._sealed_runs = set()
         self._sealed_wakeups = False
         self._sealed_overlays = ({}, {}, {})

@@ -67,7 +67,7 @@ def test_losing_one_of_three_brokers_loses_nothing(
         before_kill = len(load.run_ids)
         kafka3_cluster.kill_node(victim)
         # Starts to partitions the dead node led wait until it is fenced and a new leader is
-        # elected (broker.session.timeout.ms, 6 s), and the load thread waits for each start.
+        # elected (broker.session.timeout.ms, 3 s), and the load thread waits for each start.
         wait_until(
             lambda: len(load.run_ids) > before_kill + 40,
             90,

@@ -116,3 +116,21 @@ def test_an_append_that_cannot_be_staged_produces_nothing(
         start(store, "never")
     assert produced == []
     store.close()
+
+
+def test_a_run_that_ended_leaves_the_state_cache_once_committed(tmp_path: Path) -> None:
+    """A worker holds the state of the runs still going; a finished run is read from disk."""
+    from flowstream.model.events import RunCompleted
+
+    store = new_store(tmp_path / "p")
+    start(store, "done-run")
+    start(store, "going-run")
+    store.append_if_sequence("done-run", 2, [RunCompleted(output={"ok": True})])
+    store.seal()
+    start(store, "staged-run")
+    store.commit_sealed(3)
+    assert "done-run" not in store._states
+    assert "going-run" in store._states and "staged-run" in store._states
+    state = store.state("done-run")  # read again from RocksDB
+    assert state.is_terminal and state.last_sequence == 3
+    store.close()

@@ -78,8 +78,13 @@ class TransactionPipeline(PipelineRecovery):
         events_topic: str,
         lanes: tuple[Any, Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        prepare: Any = None,
     ) -> None:
         self.host = host
+        #: A lane that makes the next producers ahead of need once the partitions went
+        #: (``retire``), so a new owner's first transaction does not wait for their
+        #: ``init_transactions``; without one they are made when needed.
+        self._preparer = prepare
         self._new_producer = new_producer
         self.stuck_s = stuck_s
         self.metrics = metrics
@@ -432,7 +437,8 @@ class TransactionPipeline(PipelineRecovery):
         except Exception as exc:
             # A client library failing in a way it does not document (a fenced producer's
             # flush() once raised SystemError): the transaction is lost all the same.
-            LOG.error("the commit failed unexpectedly", exc_info=exc)
+            LOG.error("the commit failed unexpectedly (%s: %s)", type(exc).__name__, exc)
+            LOG.debug("the commit's failure", exc_info=exc)
             self.abort(f"{type(exc).__name__}: {exc}", retake=retake)
             return
         txn.move(TxnState.COMMITTED)
@@ -457,3 +463,5 @@ class TransactionPipeline(PipelineRecovery):
         for slot in self.slots:
             slot.flush()
             slot.lane.close()
+        if self._preparer is not None:
+            self._preparer.close()

@@ -11,6 +11,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from flowstream.kafka import clients
+from flowstream.processor.lane import Lane
 from flowstream.processor.txn.errors import is_fatal, retrying
 from flowstream.processor.txn.slot import ProducerSlot
 from flowstream.processor.txn.state import PipelineHost, Txn, TxnState
@@ -22,6 +23,8 @@ LOG = logging.getLogger("flowstream.processor")
 #: More producer resets than this within the window mean another process has this instance id.
 MAX_RESETS = 10
 RESET_WINDOW_S = 60.0
+#: How long a transaction waits for a producer made ahead before making its own.
+PREPARE_WAIT_S = 30.0
 
 
 class PipelineRecovery:
@@ -39,13 +42,34 @@ class PipelineRecovery:
     aborts: int
     _resets: list[float]
     _slot: ProducerSlot
-    _new_producer: Callable[[ProducerSlot], Any]
+    _new_producer: Callable[..., Any]
     _clock: Callable[[], float]
 
+    _preparer: Any
+
     def ensure_producer(self, slot: ProducerSlot) -> None:
-        """Make the slot's producer if a reset left it to be made."""
-        if slot.producer is None:
-            slot.producer = self._new_producer(slot)
+        """Make the slot's producer if a reset left it to be made (or take the one made ahead,
+        if it was made in time)."""
+        if slot.producer is not None:
+            return
+        prepared, slot.prepared = slot.prepared, None
+        if prepared is not None:
+            generation, future = prepared
+            if generation == slot.generation:  # else a producer was made since, and replaced
+                if Lane.wait(future, PREPARE_WAIT_S) and future.exception() is None:
+                    slot.producer = future.result()
+                    return
+                LOG.info("producer %d was not made ahead in time: making it now", slot.index)
+        slot.producer = self._new_producer(slot)
+
+    def _prepare(self) -> None:
+        """Make both next producers on the preparing lane, in order (``ensure_producer`` takes
+        them); a slot's earlier preparation, not taken yet, is given up."""
+        if self._preparer is None:
+            return
+        for slot in self.slots:
+            make = self._new_producer(slot, ahead=True)
+            slot.prepared = (slot.generation, self._preparer.submit(make))
 
     def wait(self, future: Future[Any], patience: float | None = None) -> bool:
         """Wait for a lane call; False if it ran into the stuck limit (or ``patience``)."""
@@ -119,6 +143,7 @@ class PipelineRecovery:
         self._slot = self.slots[0]
         self._metadata = None
         new_writer()
+        self._prepare()
 
     def _end(self, txns: list[Txn]) -> None:
         for txn in txns:
