@@ -9,7 +9,7 @@ kill, the time until its first event written by another processor is its failove
 figure is the worst of them. Runs started after the kill on those partitions are reported too
 (start → first event), and every run must finish.
 
-Run with the workers' default settings (2 s session and transaction timeouts), or e.g. ``--set
+Run with the workers' default settings (1.5 s session, 10 s transaction timeout), or e.g. ``--set
 SESSION_TIMEOUT_MS=3000 --set TRANSACTION_TIMEOUT_MS=3000`` (liveness, not durability: the broker
 still fences the dead member's transaction before anyone reads past it). The broker's
 ``group.min.session.timeout.ms`` and timed-out-transaction check interval bound the figure too

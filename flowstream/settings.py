@@ -53,7 +53,7 @@ class Settings(FrozenModel):
     transaction_timeout_ms: int = Field(default=10_000, ge=1000)
     #: A processor that sent no heartbeat for this long loses its partitions (heartbeats every
     #: fifth of it). Raised to the brokers' ``group.min.session.timeout.ms`` if below.
-    session_timeout_ms: int = Field(default=2_000, ge=1000)
+    session_timeout_ms: int = Field(default=1_500, ge=1000)
     max_poll_interval_ms: int = Field(default=60_000, ge=1000)
     #: A fired timer not applied within this many ms is fired again.
     timer_refire_ms: int = Field(default=30_000, ge=100)

@@ -98,7 +98,15 @@ class OwnerFence:
 
     def _fence_one(self, transactional_id: str) -> bool:
         producer = clients.new_transactional_producer(
-            self.ctx.settings.bootstrap, transactional_id, {"transaction.timeout.ms": 60_000}
+            self.ctx.settings.bootstrap,
+            transactional_id,
+            {
+                "transaction.timeout.ms": 60_000,
+                # The coordinator answers "concurrent transactions" until the abort markers of
+                # what it aborts are written (a few ms): ask again soon, not after 100 ms, 200...
+                "retry.backoff.ms": 10,
+                "retry.backoff.max.ms": 50,
+            },
         )
         try:
             producer.init_transactions(_FENCE_S)

@@ -40,6 +40,9 @@ LOG = logging.getLogger("flowstream.processor")
 _TARGET_RETRY_S = 0.5
 #: A partition at most this many records behind its restore target is fetched before the others.
 _NEAR_RESTORED = 100
+#: One slice applies at most this many records of what is already fetched, in about this long.
+_SLICE_RECORDS = 5000
+_SLICE_S = 0.05
 #: A restore that makes no progress for this long is reported (a hanging transaction, a log
 #: truncated below the target), again every such period.
 _STALL_S = 60.0
@@ -92,6 +95,14 @@ class StateRestorer:
             return
         first = self.consumer.poll(0.02)
         messages = [] if first is None else [first, *self.consumer.consume(499, timeout=0)]
+        # What is already fetched is applied within the slice's time (a failover's partitions
+        # wait on their restore alone, while live commands wait on each iteration).
+        deadline = time.monotonic() + _SLICE_S
+        while len(messages) < _SLICE_RECORDS and time.monotonic() < deadline:
+            more = self.consumer.consume(500, timeout=0)
+            if not more:
+                break
+            messages.extend(more)
         for message in messages:
             if message.error() is not None:
                 continue

@@ -7,10 +7,10 @@ It builds the clients and the parts, runs the loop and shuts down. One iteration
    their ``step_started`` made durable start), or give up a producer whose call hangs;
 2. poll the command topics (rebalance callbacks run inside the poll);
 3. restore newly assigned partitions from the events topic, a bounded slice (``StateRestorer``);
-4. apply each command inside the open transaction (``CommandHandler``);
-5. record step outcomes that came back, and drive their runs (``StepRunner``);
-6. queue the stalled runs of a budgeted liveness scan, and drive a budget of the runs a
-   restore, an abort or the scan left to drive (``Sweeper``);
+4. queue the stalled runs of a budgeted liveness scan, and drive a budget of the runs a
+   restore, an abort or the scan left to drive (``Sweeper``), before any new command;
+5. apply each command inside the open transaction (``CommandHandler``);
+6. record step outcomes that came back, and drive their runs (``StepRunner``);
 7. fire a budget of due timers (``TimerPunctuator``), and every so often dead-letter the
    commands parked past their time-to-live (``Inbox.expire``);
 8. seal the open transaction when nothing more is about to join it (``TransactionPipeline``).
@@ -162,15 +162,18 @@ class Processor:
             await self.restorer.restore_slice()
             if pipeline.aborts != aborts:
                 messages = []  # the abort rewound the consumer: they are read again
+        # Runs a restore or an abort left to drive go first, a budget of them: a backlog of
+        # commands (a failover's) would otherwise take every iteration's decisions, and the
+        # runs that were in flight on the partitions taken would wait until it is consumed.
+        self.sweeper.scan()
+        if self.sweeper.pending() and time.monotonic() < until:
+            await self.sweeper.sweep()
         for at, message in enumerate(messages):
             if time.monotonic() > until:
                 self._backlog.extend(messages[at:])  # the next iteration, after a seal
                 break
             await self.commands.handle(message)
         await self.steps.chain(deadline=until)
-        self.sweeper.scan()
-        if self.sweeper.pending() and time.monotonic() < until:
-            await self.sweeper.sweep()
         self.timers.fire()
         await self.commands.inbox.expire(self.tasks.active())
         pipeline.refence()
