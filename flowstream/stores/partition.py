@@ -302,12 +302,7 @@ class PartitionStore(_Transactions, _Quarantine, RocksDBEventStore):
         _drop_sealed(self._staged_hooks, hooks)
         _drop_sealed(self._staged_inbox, inbox)
         _drop_sealed(self._staged_tokens, tokens)
-        # A run that ended takes no more decisions: its state leaves the cache (a later read
-        # loads it from the store), so the runs held in memory are the ones still going.
-        for run_id in self._sealed_runs - self._staged_runs:
-            state = self._states.get(run_id)
-            if state is not None and state.is_terminal:
-                del self._states[run_id]
+        _forget_ended(self._states, self._sealed_runs - self._staged_runs)
         self._sealed_runs = set()
         self._sealed_wakeups = False
         self._sealed_overlays = ({}, {}, {})
@@ -582,6 +577,15 @@ def _needs_driving(state: RunState, now: datetime) -> bool:
     task with no automatic retry left counts: the new owner retries it once."""
     exhausted = state.task_failure is not None and state.task_failure.retry_at is None
     return not state.is_terminal and (exhausted or not is_suspended(state, now))
+
+
+def _forget_ended(states: dict[str, RunState], runs: set[str]) -> None:
+    """A run that ended takes no more decisions: its state leaves the cache (a later read loads
+    it from the store), so the runs held in memory are the ones still going."""
+    for run_id in runs:
+        state = states.get(run_id)
+        if state is not None and state.is_terminal:
+            del states[run_id]
 
 
 def _drop_sealed(overlay: dict[K, V], sealed: dict[K, V]) -> None:
