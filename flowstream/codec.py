@@ -46,7 +46,9 @@ from flowstream.model.messages import (
     DeadLetter,
     DisposeHook,
     FireTimer,
+    HookTokenRejected,
     RegisterHookToken,
+    ReleaseHookToken,
     ResolveChild,
     ResumeHook,
     RetryRun,
@@ -83,6 +85,8 @@ _COMMANDS: tuple[type[BaseModel], ...] = (
     ResolveChild,
     RegisterHookToken,
     RetryRun,
+    ReleaseHookToken,
+    HookTokenRejected,
 )
 _SECRET_BEARING: frozenset[type[BaseModel]] = frozenset({ResumeHook, DeadLetter})
 _PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})

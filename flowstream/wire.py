@@ -10,7 +10,14 @@ record without it is an event):
   can apply; header ``flowstream-reason`` says why it waits.
 - ``inbox-done`` (key: run id): ``run_id NUL inbox_id NUL``, that parked command applied or was
   given up.
-- ``hook-token`` (key: token digest): ``digest NUL run_id NUL hook_id``, which hook owns a digest.
+- ``hook-claim`` (key: token digest): ``digest NUL run_id NUL hook_id``, that hook's claim of the
+  digest is the active one (the first; a later claim is answered ``HookTokenRejected``).
+- ``hook-release`` (key: token digest): ``digest NUL run_id NUL hook_id``, that hook's claim
+  (or earlier registration) of the digest was released.
+- ``hook-waiter`` (key: token digest): ``digest NUL run_id NUL hook_id``, that hook's claim lost
+  and its run is woken when the digest is released (the release record forgets the waiters).
+- ``hook-token`` (key: token digest): the same value, written by releases before claims: the last
+  hook registered for a digest. Restored as a routing fallback only.
 - ``anchor`` (no key, empty value): written by a processor's transaction only to register the
   partition with it early (where the steps it starts will report); no reader takes it.
 
@@ -90,6 +97,9 @@ class RecordKind(StrEnum):
     INBOX = "inbox"
     INBOX_DONE = "inbox-done"
     HOOK_TOKEN = "hook-token"
+    HOOK_CLAIM = "hook-claim"
+    HOOK_RELEASE = "hook-release"
+    HOOK_WAITER = "hook-waiter"
     ANCHOR = "anchor"
 
 
@@ -226,12 +236,13 @@ def split_inbox(value: bytes) -> tuple[str, str, bytes]:
 
 
 def hook_token_value(digest: str, run_id: str, hook_id: str) -> bytes:
-    """The value of a ``hook-token`` record."""
+    """The value of a ``hook-token``, ``hook-claim``, ``hook-release`` or ``hook-waiter``
+    record."""
     return "\0".join((digest, run_id, hook_id)).encode()
 
 
 def split_hook_token(value: bytes) -> tuple[str, str, str]:
-    """``(digest, run_id, hook_id)`` of a ``hook-token`` value; ``ValueError`` otherwise."""
+    """``(digest, run_id, hook_id)`` of a token-index record's value; ``ValueError`` otherwise."""
     digest, run_id, hook_id = value.decode().split("\0", 2)
     return digest, run_id, hook_id
 

@@ -181,7 +181,12 @@ class WorkflowTaskFailed(_Event):
     decided against its own history. An engine record, not a decision: ``attempt`` counts the
     consecutive failures since the run last moved, ``message`` is the exception's text only
     (at most 500 characters), and ``retry_at`` is when the task is retried by itself (``None``:
-    not before new input or an operator retry)."""
+    not before new input or an operator retry).
+
+    ``undone_hook`` names a hook whose creation the failure undoes: on Kafka a hook's token is
+    claimed on another partition after ``hook_created`` committed, and a claim that loses to an
+    active one is recorded as this failure (``HookTokenConflictError``), which removes the hook
+    as if its creation had been refused; the retried task creates it again."""
 
     KEY: ClassVar[str] = "flow.workflow.task.failed"
     type: Literal["workflow_task_failed"] = "workflow_task_failed"
@@ -189,6 +194,7 @@ class WorkflowTaskFailed(_Event):
     error_type: str = Field(min_length=1, max_length=200)
     message: str = Field(max_length=500)
     retry_at: datetime | None = None
+    undone_hook: str | None = None
 
 
 # -- steps -----------------------------------------------------------------------------------

@@ -12,7 +12,12 @@ ids, and in those a processor sends itself): the processor writes the command's
 :class:`CommandOutcome` under that id to the outcomes topic, in the transaction of its effect.
 
 A ``ResumeHook`` may carry a hook token, a bearer secret: it is a ``SecretStr``, hidden from
-``repr``, ``str`` and validation errors. Events never hold tokens, only their SHA-256 digest.
+``repr``, ``str`` and validation errors. Events never hold tokens, only their SHA-256 digest, and
+neither does anything a processor writes: a resume it forwards or parks carries the digest.
+
+Hook tokens are claimed cluster-wide on the partition of their digest: ``RegisterHookToken``
+claims, ``ReleaseHookToken`` releases, and ``HookTokenRejected`` answers a claim that lost to an
+active one (``docs/architecture.md``, "Hook tokens").
 """
 
 from __future__ import annotations
@@ -36,8 +41,10 @@ __all__ = [
     "DeadLetterHeader",
     "DisposeHook",
     "FireTimer",
+    "HookTokenRejected",
     "OutcomeStatus",
     "RegisterHookToken",
+    "ReleaseHookToken",
     "ResolveChild",
     "ResumeHook",
     "RetryRun",
@@ -62,6 +69,9 @@ def _identifier(kind: str) -> AfterValidator:
 
     return AfterValidator(check)
 
+
+#: A token digest: the hex SHA-256 of a hook token.
+_DIGEST = r"^[0-9a-f]{64}$"
 
 RunId = Annotated[str, AfterValidator(_run_id)]
 SignalId = Annotated[str, _identifier("signal")]
@@ -102,14 +112,18 @@ class ResumeHook(FrozenModel):
     """Resume a hook, addressed by ``run_id`` and ``hook_id``, by ``token`` alone, or by both.
 
     A token-only resume is keyed by the token's digest; the owner of that partition looks the
-    token up and forwards the resume, with the token, to the run's partition, where the token is
-    checked against the hook before anything is appended.
+    digest up and forwards the resume to the run's partition with ``token_digest`` in place of
+    the token, and the digest is checked against the hook (in constant time) before anything
+    is appended. ``token_digest`` always comes with ``run_id`` and ``hook_id``: the digest is
+    public (``hook_created`` holds it), so it never addresses a hook by itself, and it grants
+    nothing the run and hook ids do not (a resume by run and hook id needs no token).
     """
 
     model_config = ConfigDict(hide_input_in_errors=True)
 
     type: Literal["resume_hook"] = "resume_hook"
     token: SecretStr | None = None
+    token_digest: str | None = Field(default=None, pattern=_DIGEST)
     run_id: RunId | None = None
     hook_id: HookId | None = Field(default=None, validate_default=True)
     payload: JSON = None
@@ -121,27 +135,59 @@ class ResumeHook(FrozenModel):
     @field_validator("hook_id", mode="after")
     @classmethod
     def _address(cls, hook_id: str | None, info: ValidationInfo) -> str | None:
-        if "token" not in info.data or "run_id" not in info.data:
+        if any(name not in info.data for name in ("token", "token_digest", "run_id")):
             return hook_id  # an earlier field failed and is reported on its own
         token: SecretStr | None = info.data["token"]
+        digest: str | None = info.data["token_digest"]
         run_id: str | None = info.data["run_id"]
         if token is not None and not token.get_secret_value():
             raise ValueError("the hook token must not be empty")
+        if token is not None and digest is not None:
+            raise ValueError("give the hook token or its digest, not both")
         if (run_id is None) != (hook_id is None):
             raise ValueError("give run_id and hook_id together")
+        if digest is not None and run_id is None:
+            raise ValueError("a token digest addresses a hook only with run_id and hook_id")
         if token is None and run_id is None:
             raise ValueError("address a hook by run_id and hook_id, or by its token")
         return hook_id
 
 
 class RegisterHookToken(FrozenModel):
-    """Sent by a run's owner when a hook is created: index ``token_digest`` → (run, hook) on the
-    partition of the digest, so the hook can be resumed by its token alone."""
+    """Sent by a run's owner when a hook is created: claim ``token_digest`` for (run, hook) on
+    the partition of the digest, so the hook can be resumed by its token alone. The first
+    active claim wins; a later one is answered by ``HookTokenRejected``. ``sequence`` is the
+    ``hook_created``'s sequence in its run (0 when sent by a release before it was kept)."""
 
     type: Literal["register_hook_token"] = "register_hook_token"
-    token_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    token_digest: str = Field(pattern=_DIGEST)
     run_id: RunId
     hook_id: HookId
+    sequence: int = Field(default=0, ge=0)
+
+
+class ReleaseHookToken(FrozenModel):
+    """Sent by a run's owner when a hook that claimed ``token_digest`` is resumed or disposed,
+    or its run ends: the digest's partition drops the claim if it is still this hook's."""
+
+    type: Literal["release_hook_token"] = "release_hook_token"
+    token_digest: str = Field(pattern=_DIGEST)
+    run_id: RunId
+    hook_id: HookId
+
+
+class HookTokenRejected(FrozenModel):
+    """The answer to a claim that lost, sent to the claimant's partition: hook ``hook_id`` of
+    ``run_id`` (created at ``sequence``) cannot have its token, which hook ``owner_hook_id`` of
+    ``owner_run_id`` holds. The run records ``HookTokenConflictError`` and the creation is
+    undone, as if ``hook_created`` had been refused (``workflow_task_failed.undone_hook``)."""
+
+    type: Literal["hook_token_rejected"] = "hook_token_rejected"
+    run_id: RunId
+    hook_id: HookId
+    sequence: int = Field(ge=0)
+    owner_run_id: RunId
+    owner_hook_id: HookId
 
 
 class DisposeHook(FrozenModel):
@@ -205,7 +251,9 @@ CommandMessage = Annotated[
     | RetryRun
     | FireTimer
     | ResolveChild
-    | RegisterHookToken,
+    | RegisterHookToken
+    | ReleaseHookToken
+    | HookTokenRejected,
     Field(discriminator="type"),
 ]
 

@@ -11,12 +11,11 @@ stop the processor.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import time
 from typing import Any
 
-from flowstream import codec, wire
+from flowstream import codec
 from flowstream.errors import (
     FlowError,
     InvalidInputError,
@@ -34,8 +33,10 @@ from flowstream.model.messages import (
     CommandMessage,
     DisposeHook,
     FireTimer,
+    HookTokenRejected,
     OutcomeStatus,
     RegisterHookToken,
+    ReleaseHookToken,
     ResolveChild,
     ResumeHook,
     RetryRun,
@@ -46,11 +47,10 @@ from flowstream.partitioning import partition_for
 from flowstream.processor.boundary import FailureBoundary, describe
 from flowstream.processor.context import Context, routing_key
 from flowstream.processor.deadletters import DeadLetters
+from flowstream.processor.hooktokens import HookTokens
 from flowstream.processor.inbox import Inbox, Park
 from flowstream.processor.outcomes import Before, Outcomes, error_kind
 from flowstream.processor.tasks import PartitionTask, TaskManager
-from flowstream.replay.decide import token_digest
-from flowstream.topology import EVENTS
 
 __all__ = ["CommandHandler"]
 
@@ -78,6 +78,7 @@ class CommandHandler:
         self.boundary = boundary
         self.outcomes = Outcomes(ctx)
         self.inbox = Inbox(ctx, dead_letters, boundary, self.outcomes, self.apply)
+        self.hook_tokens = HookTokens(ctx)
 
     async def handle(self, message: Any) -> None:
         """Apply one consumed record of a command topic inside the open transaction, and write
@@ -202,11 +203,15 @@ class CommandHandler:
                         command.run_id, command.signal_id, command.name, command.payload
                     )
                 case ResumeHook() if command.run_id is None:
-                    return self._forward_by_token(task, command)
+                    return self.hook_tokens.forward(task, command)
                 case ResumeHook():
-                    await self._resume_hook(task, command)
+                    await self.hook_tokens.resume(task, command)
                 case RegisterHookToken():
-                    self._register_token(task, command)
+                    self.hook_tokens.claim(task, command)
+                case ReleaseHookToken():
+                    self.hook_tokens.release(task, command)
+                case HookTokenRejected():
+                    await self.hook_tokens.rejected(task, command)
                 case DisposeHook():
                     if not store.exists(command.run_id):
                         raise Park("run does not exist yet", kind=_NOT_FOUND)
@@ -270,55 +275,6 @@ class CommandHandler:
             return
         LOG.info("run %s: driven again at an operator's request", state.run_id)
         task.to_drive.append(state.run_id)
-
-    def _register_token(self, task: PartitionTask, command: RegisterHookToken) -> None:
-        task.store.index_hook_token(command.token_digest, command.run_id, command.hook_id)
-        self.ctx.produce(
-            self.ctx.topics[EVENTS],
-            task.partition,
-            command.token_digest,
-            wire.hook_token_value(command.token_digest, command.run_id, command.hook_id),
-            [(wire.RECORD_HEADER, wire.RecordKind.HOOK_TOKEN.value.encode())],
-        )
-
-    def _forward_by_token(self, task: PartitionTask, command: ResumeHook) -> str:
-        """A token-only resume landed on the digest's partition: send it, with its command id,
-        to the hook's run (whose partition writes its next outcome); returns that run."""
-        assert command.token is not None
-        owner = task.store.hook_token_owner(token_digest(command.token.get_secret_value()))
-        if owner is None:
-            raise InvalidTransitionError("no hook is registered for the presented token")
-        run_id, hook_id = owner
-        self.ctx.emit(
-            ResumeHook(
-                run_id=run_id,
-                hook_id=hook_id,
-                token=command.token,
-                payload=command.payload,
-                command_id=command.command_id,
-            )
-        )
-        return run_id
-
-    async def _resume_hook(self, task: PartitionTask, command: ResumeHook) -> None:
-        assert command.run_id is not None and command.hook_id is not None
-        if not task.store.exists(command.run_id):
-            raise Park("run does not exist yet", kind=_NOT_FOUND)
-        state = task.store.state(command.run_id)
-        hook = state.hooks.get(command.hook_id)
-        if hook is None and not state.is_terminal:
-            raise Park(f"hook {command.hook_id} does not exist yet", kind=_NO_HOOK)
-        presented = None if command.token is None else command.token.get_secret_value()
-        if (
-            hook is not None
-            and presented is not None
-            and not hmac.compare_digest(hook.token_digest, token_digest(presented))
-        ):
-            raise InvalidTransitionError(
-                f"the presented token does not match hook {command.hook_id}",
-                run_id=command.run_id,
-            )
-        await task.engine.resume_hook(command.run_id, command.hook_id, command.payload)
 
     async def _resolve_child(self, task: PartitionTask, command: ResolveChild) -> None:
         if not task.store.exists(command.run_id):

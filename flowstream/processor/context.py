@@ -12,7 +12,9 @@ from flowstream.model.messages import (
     CommandMessage,
     DisposeHook,
     FireTimer,
+    HookTokenRejected,
     RegisterHookToken,
+    ReleaseHookToken,
     ResolveChild,
     ResumeHook,
     RetryRun,
@@ -47,12 +49,15 @@ COMMAND_TOPIC_FOR = {
     FireTimer: CMD_TIMER,
     ResolveChild: CMD_TIMER,
     RegisterHookToken: CMD_HOOK,
+    ReleaseHookToken: CMD_HOOK,
+    HookTokenRejected: CMD_HOOK,
 }
 
 
 def routing_key(command: CommandMessage) -> str:
-    """The key that picks a command's partition: its run id, or a hook token's digest."""
-    if isinstance(command, RegisterHookToken):
+    """The key that picks a command's partition: its run id, or a hook token's digest (a claim,
+    a release, a resume by the token alone)."""
+    if isinstance(command, RegisterHookToken | ReleaseHookToken):
         return command.token_digest
     if command.run_id is None:
         assert isinstance(command, ResumeHook) and command.token is not None

@@ -10,8 +10,9 @@ from flowstream import codec
 from flowstream.errors import SerializationError
 from flowstream.model.messages import DeadLetter
 from flowstream.processor.context import Context
+from flowstream.processor.redact import redacted
 from flowstream.processor.txn.slot import Record
-from flowstream.topology import DEADLETTER, EVENTS
+from flowstream.topology import CMD_HOOK, DEADLETTER, EVENTS
 
 __all__ = ["DeadLetters"]
 
@@ -79,6 +80,8 @@ class DeadLetters:
         value: bytes | None,
         reason: str,
     ) -> None:
+        if value is not None:  # never a hook token in a dead letter (``redact``)
+            value = redacted(value, may_hold_token=topic == self.ctx.topics[CMD_HOOK])
         failures = self._failures.get((topic, partition, offset), 0)
         if failures >= LEFT_OUT_AFTER:
             self.ctx.metrics.records_left_out.inc()

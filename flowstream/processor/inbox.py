@@ -22,12 +22,13 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from flowstream import codec, wire
-from flowstream.errors import FlowError
+from flowstream.errors import FlowError, InvalidTransitionError
 from flowstream.model.messages import CommandMessage, OutcomeStatus
 from flowstream.processor.boundary import FailureBoundary, describe
 from flowstream.processor.context import Context
 from flowstream.processor.deadletters import DeadLetters
 from flowstream.processor.outcomes import Before, Outcomes, error_kind
+from flowstream.processor.redact import redacted
 from flowstream.topology import EVENTS
 
 __all__ = ["Inbox", "Park", "parked_value"]
@@ -97,6 +98,11 @@ class Inbox:
         return int(self.ctx.clock().timestamp() * 1000)
 
     def park(self, task: Any, run_id: str, inbox_id: str, raw: bytes, reason: str) -> None:
+        """Keep a command until it can apply, without the hook token it may hold (``redact``)."""
+        safe = redacted(raw, may_hold_token=False)
+        if safe is None:
+            raise InvalidTransitionError("no hook is registered for the presented token")
+        raw = safe
         task.store.park(run_id, inbox_id, parked_value(self._now_ms(), raw))
         headers = [
             (wire.RECORD_HEADER, wire.RecordKind.INBOX.value.encode()),

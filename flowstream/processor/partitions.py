@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from flowstream import wire
 from flowstream.kafka import clients
-from flowstream.model.events import EventEnvelope, HookCreated
-from flowstream.model.messages import RegisterHookToken
+from flowstream.model.events import EventEnvelope
 from flowstream.processor.connect import debug_config
 from flowstream.processor.engine import PartitionEngine
 from flowstream.processor.tasks import PartitionTask
@@ -43,18 +42,12 @@ class PartitionHost:
         holder: dict[str, PartitionTask] = {}
 
         def sink(run_id: str, envelopes: list[EventEnvelope], encoded: list[bytes]) -> None:
-            for envelope, data in zip(envelopes, encoded, strict=True):
+            for data in encoded:
                 ctx.produce(events, partition, run_id, data, headers)
-                event = envelope.event
-                if isinstance(event, HookCreated):
-                    ctx.emit(
-                        RegisterHookToken(
-                            token_digest=event.token_digest, run_id=run_id, hook_id=event.hook_id
-                        )
-                    )
+            p.commands.hook_tokens.appended(store, run_id, envelopes)  # claims, releases
             ctx.metrics.events_appended.inc(len(envelopes))
 
-        store = PartitionStore(partition, path, sink, clock=ctx.clock)
+        store = PartitionStore(partition, path, sink, clock=ctx.clock, local_token_claims=False)
         engine = PartitionEngine(
             store,
             p.runtimes,

@@ -26,8 +26,10 @@ from typing import Any
 
 from flowstream import wire
 from flowstream.kafka import clients
+from flowstream.processor import hooktokens
 from flowstream.processor.context import Context
 from flowstream.processor.inbox import parked_value
+from flowstream.processor.redact import redacted
 from flowstream.processor.steps import StepRunner
 from flowstream.processor.tasks import PartitionTask, TaskManager
 from flowstream.topology import EVENTS
@@ -198,12 +200,13 @@ class StateRestorer:
                 run_id, inbox_id, raw = wire.split_inbox(value)
                 kind_of_time, at_ms = message.timestamp()
                 parked_at = at_ms if kind_of_time else int(self.ctx.clock().timestamp() * 1000)
+                raw = redacted(raw, may_hold_token=False) or b""  # parked by an earlier release
                 task.store.park(run_id, inbox_id, parked_value(parked_at, raw))
             elif kind is wire.RecordKind.INBOX_DONE:
                 run_id, inbox_id, _ = wire.split_inbox(value)
                 task.store.unpark(run_id, inbox_id)
-            elif kind is wire.RecordKind.HOOK_TOKEN:
-                task.store.index_hook_token(*wire.split_hook_token(value))
+            elif kind in hooktokens.RECORD_KINDS:
+                hooktokens.restore_record(task.store, kind, value)
         except Exception as exc:
             self._quarantine(task, message, exc)
 

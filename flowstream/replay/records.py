@@ -58,6 +58,8 @@ class HookState:
     status: HookStatus = HookStatus.ACTIVE
     payload: JSON = None
     received: bool = False
+    #: The sequence of its ``hook_created`` (which claim of its token an answer is about).
+    sequence: int = 0
 
 
 @dataclass(slots=True)

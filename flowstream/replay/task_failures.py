@@ -73,20 +73,32 @@ def task_retry_pending(state: RunState, now: datetime) -> bool:
 
 
 def task_failed_events(
-    state: RunState, error_type: str, message: str, now: datetime, policy: TaskRetryPolicy
+    state: RunState,
+    error_type: str,
+    message: str,
+    now: datetime,
+    policy: TaskRetryPolicy,
+    *,
+    undone_hook: str | None = None,
 ) -> list[FlowEvent]:
     """What records a failed workflow task of ``state`` at ``now``: the failure, and the run's
-    ``run_failed`` when ``policy`` gives up on it."""
+    ``run_failed`` when ``policy`` gives up on it. ``undone_hook``: the hook whose creation
+    failed after it was recorded (a lost token claim)."""
     attempt = 1 if state.task_failure is None else state.task_failure.attempt + 1
     kind = error_type[:_TYPE_LIMIT] or "Exception"
     text = message[:MESSAGE_LIMIT]
     if policy.fail_after is not None and attempt >= policy.fail_after:
-        failed = WorkflowTaskFailed(attempt=attempt, error_type=kind, message=text)
+        failed = WorkflowTaskFailed(
+            attempt=attempt, error_type=kind, message=text, undone_hook=undone_hook
+        )
         return [failed, RunFailed(error=task_failure_error(failed))]
     retry_at = None
     if attempt < policy.max_automatic:
         retry_at = now + timedelta(milliseconds=policy.delay_ms(attempt))
-    return [WorkflowTaskFailed(attempt=attempt, error_type=kind, message=text, retry_at=retry_at)]
+    failed = WorkflowTaskFailed(
+        attempt=attempt, error_type=kind, message=text, retry_at=retry_at, undone_hook=undone_hook
+    )
+    return [failed]
 
 
 def task_failure_error(failure: TaskFailure | WorkflowTaskFailed) -> str:

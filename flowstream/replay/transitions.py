@@ -199,6 +199,12 @@ def _on_task_failed(state: RunState, event: WorkflowTaskFailed, envelope: EventE
     expected = 1 if state.task_failure is None else state.task_failure.attempt + 1
     if event.attempt != expected:
         reject(state, f"workflow_task_failed attempt {event.attempt} where {expected} is next")
+    if event.undone_hook is not None:
+        hook = state.hooks.get(event.undone_hook)
+        if hook is None or hook.status is not HookStatus.ACTIVE:
+            reject(state, f"workflow_task_failed undoes hook {event.undone_hook}, not active")
+        del state.hooks[event.undone_hook]
+        state.active_hooks.discard(event.undone_hook)
     state.task_failure = TaskFailure(event.attempt, event.error_type, event.message, event.retry_at)
 
 
@@ -392,7 +398,9 @@ def _on_hook_created(state: RunState, event: HookCreated, envelope: EventEnvelop
     _require_started(state, "hook_created")
     if event.hook_id in state.hooks:
         reject(state, f"hook {event.hook_id} created twice")
-    state.hooks[event.hook_id] = HookState(event.hook_id, event.token_digest, event.metadata)
+    state.hooks[event.hook_id] = HookState(
+        event.hook_id, event.token_digest, event.metadata, sequence=envelope.sequence
+    )
     state.active_hooks.add(event.hook_id)
 
 

@@ -11,7 +11,7 @@ Extra keys beside the ``RocksDBEventStore`` layout:
 ``m/events_offset``               next events-topic offset to restore from (8 BE)
 ``x<run_id>``                      the run has a step started but not settled
 ``i<run_id>\\0<inbox id>``         a command parked until its run exists or its build is served
-``t<token digest>``                <run_id>\\0<hook_id> for token-only hook resumes (digest-keyed)
+``c``, ``n``, ``t<token digest>…``   hook-token claims of this partition's keyspace (``tokens``)
 ``u<run_id>``                      restored events of a live run whose wakeups and running-step
                                    entries are not built yet (``finish_restore`` builds them)
 ``o<run_id>``                      the run is not terminal (the open-runs index, as in
@@ -50,6 +50,7 @@ from flowstream.stores.rocksdb import (
     put_append,
     wakeup_key,
 )
+from flowstream.stores.tokens import Owner, TokenIndex
 
 __all__ = ["PartitionStore"]
 
@@ -58,7 +59,7 @@ _OFFSET_KEY = b"m/events_offset"
 K = TypeVar("K")
 V = TypeVar("V")
 #: The staged hook, inbox and token entries of a sealed batch.
-_Overlays = tuple[dict[str, tuple[str, str]], dict[bytes, bytes | None], dict[str, tuple[str, str]]]
+_Overlays = tuple[dict[str, Owner], dict[bytes, bytes | None], dict[bytes, Owner | None]]
 
 #: Receives each staged append: (run id, envelopes, encoded envelopes).
 Sink = Callable[[str, list[EventEnvelope], list[bytes]], None]
@@ -172,21 +173,29 @@ class _Transactions:
         return self._open_since.get(run_id)
 
 
-class PartitionStore(_Transactions, _Quarantine, RocksDBEventStore):
-    """State of partition ``partition``; appends are staged for the open transaction."""
+class PartitionStore(_Transactions, _Quarantine, TokenIndex, RocksDBEventStore):
+    """State of partition ``partition``; appends are staged for the open transaction
+    (``local_token_claims``: see ``TokenIndex``)."""
 
     def __init__(
-        self, partition: int, path: str | Path, sink: Sink, *, clock: Clock = utc_now
+        self,
+        partition: int,
+        path: str | Path,
+        sink: Sink,
+        *,
+        clock: Clock = utc_now,
+        local_token_claims: bool = True,
     ) -> None:
         super().__init__(path, clock=clock, sync=False)
         self.partition = partition
+        self._local_token_claims = local_token_claims
         self._sink = sink
         self._batch: WriteBatch | None = None
         self._sealed: WriteBatch | None = None
         self._staged_runs: set[str] = set()
         self._staged_hooks: dict[str, tuple[str, str]] = {}
         self._staged_inbox: dict[bytes, bytes | None] = {}
-        self._staged_tokens: dict[str, tuple[str, str]] = {}
+        self._staged_tokens: dict[bytes, Owner | None] = {}
         self._staged_wakeups = False
         # Each run the open transaction appended to: its last sequence before the first append.
         self._open_since: dict[str, int] = {}
@@ -544,23 +553,6 @@ class PartitionStore(_Transactions, _Quarantine, RocksDBEventStore):
             if key not in seen and pending is not None and key.startswith(prefix):
                 yield (*_inbox_parts(key), pending)
 
-    # -- the token index: token digests of this partition's keyspace → (run, hook) -------------
-
-    def index_hook_token(self, digest: str, run_id: str, hook_id: str) -> None:
-        value = f"{run_id}\0{hook_id}".encode()
-        self._stage().put(b"t" + digest.encode(), value)
-        self._staged_tokens[digest] = (run_id, hook_id)
-
-    def hook_token_owner(self, digest: str) -> tuple[str, str] | None:
-        staged = self._staged_tokens.get(digest)
-        if staged is not None:
-            return staged
-        raw = self._db.get(b"t" + digest.encode())
-        if raw is None:
-            return None
-        run_id, hook_id = bytes(raw).decode().split("\0", 1)
-        return run_id, hook_id
-
     def running_runs(self) -> list[str]:
         """Runs to drive after a takeover: those with a started, unsettled step (their attempts
         are re-run), and those that waited on nothing when the last owner left them (its
@@ -591,7 +583,7 @@ def _forget_ended(states: dict[str, RunState], runs: set[str]) -> None:
 def _drop_sealed(overlay: dict[K, V], sealed: dict[K, V]) -> None:
     """Drop the overlay entries a written batch set, unless staged again since."""
     for key, value in sealed.items():
-        if overlay.get(key) is value:
+        if key in overlay and overlay[key] is value:
             del overlay[key]
 
 

@@ -15,12 +15,19 @@ from typing import Any
 import fastavro
 import pytest
 from fastavro.schema import fingerprint, load_schema, to_parsing_canonical_form
+from pydantic import SecretStr
 
 from flowstream import codec
 from flowstream.codec import MARKER, AvroCodec
 from flowstream.errors import SerializationError
 from flowstream.model.events import EventEnvelope, ParentLink, RunCreated, WorkflowTaskFailed
-from flowstream.model.messages import SendSignal, StartRun
+from flowstream.model.messages import (
+    CommandMessage,
+    RegisterHookToken,
+    ResumeHook,
+    SendSignal,
+    StartRun,
+)
 from tests.codec.samples import SPEC, T0, envelope, sample_events
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
@@ -183,10 +190,30 @@ def test_a_json_field_added_later_decodes_as_null(tmp_path: Path) -> None:
             StartRun(run_id="r1", spec=SPEC, parent=ParentLink(run_id="r0", continued=True, hop=3)),
             id="start-run-v2",
         ),
+        pytest.param(
+            "flowstream.EventEnvelope.v5.avsc",
+            envelope(WorkflowTaskFailed(attempt=1, error_type="E", message="m"), sequence=3),
+            id="envelope-v5",
+        ),
+        pytest.param(
+            "flowstream.message.ResumeHook.v1.avsc",
+            ResumeHook(run_id="r1", hook_id="h", token=SecretStr("old-token"), payload=1),
+            id="resume-hook-v1",
+        ),
+        pytest.param(
+            "flowstream.message.ResumeHook.v2.avsc",
+            ResumeHook(token=SecretStr("old-token"), payload=1, command_id="c-1"),
+            id="resume-hook-v2",
+        ),
+        pytest.param(
+            "flowstream.message.RegisterHookToken.v1.avsc",
+            RegisterHookToken(token_digest="ab" * 32, run_id="r1", hook_id="h"),
+            id="register-hook-token-v1",
+        ),
     ],
 )
 def test_a_link_written_before_a_field_was_added_decodes_with_its_default(
-    history: str, value: EventEnvelope | StartRun
+    history: str, value: EventEnvelope | CommandMessage
 ) -> None:
     old, old_fp = _schema(SCHEMAS / "history" / history)
     name = old["name"].removeprefix("flowstream.")

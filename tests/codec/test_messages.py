@@ -21,7 +21,7 @@ from tests.codec.samples import COMMAND_TYPES, OUTCOME, SPEC, T0, sample_message
 ADAPTER: TypeAdapter[Any] = TypeAdapter(CommandMessage)
 
 
-def test_the_union_holds_the_nine_commands_and_not_the_dead_letter() -> None:
+def test_the_union_holds_the_eleven_commands_and_not_the_dead_letter() -> None:
     assert {t.__name__ for t in COMMAND_TYPES} == {
         "StartRun",
         "SendSignal",
@@ -32,6 +32,8 @@ def test_the_union_holds_the_nine_commands_and_not_the_dead_letter() -> None:
         "FireTimer",
         "ResolveChild",
         "RegisterHookToken",
+        "ReleaseHookToken",
+        "HookTokenRejected",
     }
     assert DeadLetter not in COMMAND_TYPES
 

@@ -55,7 +55,7 @@ def test_overlays_answer_for_both_generations_and_shrink_when_written(tmp_path: 
 
     store.commit_sealed(None)
     # The sealed entries now come from the database; the open ones are still staged only.
-    assert store._staged_tokens == {"d-open": ("run-b", "hook-b")}
+    assert store._staged_tokens == {b"td-open": ("run-b", "hook-b")}
     assert list(store._staged_inbox.values()) == [b"open"]
     assert store.hook_token_owner("d-sealed") == ("run-a", "hook-a")
     assert {raw for _, _, raw in store.parked()} == {b"sealed", b"open"}
