@@ -71,7 +71,6 @@ __all__ = [
     "StoreLockedError",
     "UnknownOutcomeError",
     "WorkflowNotServedError",
-    "error_from",
 ]
 
 
