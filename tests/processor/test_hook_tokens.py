@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import secrets
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -353,3 +354,65 @@ def _metrics_page(port: int) -> str:
     import urllib.request
 
     return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+
+
+def _assigned(worker: Any) -> set[int] | None:
+    """The partitions ``worker`` owns by its log's last assignment (``None`` before one)."""
+    lines = [line for line in worker.output().splitlines() if "assigned partitions [" in line]
+    if not lines:
+        return None
+    inside = lines[-1].rsplit("[", 1)[1].rstrip("]")
+    return {int(p) for p in inside.split(",") if p.strip()}
+
+
+def test_a_claim_outlives_the_crash_of_its_digest_partition_before_the_answer(
+    cluster: Cluster,
+) -> None:
+    """The second claim is sent (with its ``hook_created``) while the owner of the token's
+    partition is frozen; the heir restores the claims from the events topic, applies the
+    claim once and answers it: the second run records the conflict, the first keeps the
+    token."""
+    env = {**RETRIES, "FLOWSTREAM_SESSION_TIMEOUT_MS": "3000"}
+    frozen, heir = cluster.start("frozen", env), cluster.start("heir", env)
+    partitions = set(range(cluster.client.partitions))
+
+    def split() -> bool:
+        mine, theirs = _assigned(frozen), _assigned(heir)
+        return bool(mine) and bool(theirs) and (mine or set()) | (theirs or set()) == partitions
+
+    wait_until(split, 60, f"the two workers never split the partitions: {cluster.logs()}")
+    held, kept = _assigned(frozen) or set(), _assigned(heir) or set()
+    token = next(
+        t
+        for t in (_token("crash") for _ in range(1000))
+        if partition_for(token_digest(t), cluster.client.partitions) in held
+    )
+    first, second = (
+        next(
+            f"{name}-{i}"
+            for i in range(1000)
+            if partition_for(f"{name}-{i}", cluster.client.partitions) in kept
+        )
+        for name in ("crash-first", "crash-second")
+    )
+    client = cluster.client
+    client.start(first, SPEC, {"hook_digest": token_digest(token)})
+    client.flush()
+    wait_until(lambda: _hook_open(cluster, first), 60, "the first hook is not created")
+
+    frozen.signal(signal.SIGSTOP)  # owns the token's partition, and answers nothing now
+    client.start(second, SPEC, {"hook_digest": token_digest(token)})
+    client.flush()
+    wait_until(lambda: _hook_open(cluster, second), 30, f"no hook: {heir.output()[-2000:]}")
+    assert not _conflicts(cluster, second)  # its claim waits on cmd.hook, unanswered
+    wait_until(lambda: _assigned(heir) == partitions, 60, f"no takeover: {heir.output()[-2000:]}")
+    frozen.kill()
+    wait_until(lambda: _conflicts(cluster, second), 60, f"no answer: {heir.output()[-3000:]}")
+    assert _claimed(cluster, token, first) and not _claimed(cluster, token, second)
+    client.resume_hook_by_token(token, {"for": "first"})
+    client.flush()
+    assert client.wait(first, timeout=60).output["approval"] == {"for": "first"}  # type: ignore[index]
+    wait_until(lambda: _claimed(cluster, token, second), 60, "the second never claimed again")
+    client.resume_hook_by_token(token, {"for": "second"})
+    client.flush()
+    assert client.wait(second, timeout=60).output["approval"] == {"for": "second"}  # type: ignore[index]
