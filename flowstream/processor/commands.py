@@ -196,6 +196,10 @@ class CommandHandler:
                     successor := engine.forward(command)
                 ) is not None:
                     return successor  # it continued as new: the successor's partition answers
+                case CancelRun() | RetryRun() if not store.exists(
+                    command.run_id
+                ) and self.inbox.start_parked(task, command.run_id):
+                    raise Park("its start waits in the inbox", kind=_NOT_FOUND)
                 case SendSignal():
                     if not store.exists(command.run_id):
                         raise Park("run does not exist yet", kind=_NOT_FOUND)

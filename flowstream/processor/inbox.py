@@ -23,7 +23,7 @@ from typing import Any
 
 from flowstream import codec, wire
 from flowstream.errors import FlowError, InvalidTransitionError
-from flowstream.model.messages import CommandMessage, OutcomeStatus
+from flowstream.model.messages import CommandMessage, OutcomeStatus, StartRun
 from flowstream.processor.boundary import FailureBoundary, describe
 from flowstream.processor.context import Context
 from flowstream.processor.deadletters import DeadLetters
@@ -132,6 +132,13 @@ class Inbox:
     @staticmethod
     def is_parked(task: Any, run_id: str, inbox_id: str) -> bool:
         return any(parked[1] == inbox_id for parked in task.store.parked(run_id))
+
+    @staticmethod
+    def start_parked(task: Any, run_id: str) -> bool:
+        """Whether ``run_id``'s start waits in the inbox (its build is not served here)."""
+        start = codec.message_schema_name(StartRun)
+        names = codec.default_codec().schema_name
+        return any(names(_parts(value)[1]) == start for *_, value in task.store.parked(run_id))
 
     async def expire(self, tasks: Iterable[Any]) -> None:
         """Every so often, retry the commands parked past their time-to-live (each is applied,

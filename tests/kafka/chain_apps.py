@@ -1,8 +1,9 @@
 """The runtime the chain-parity tests run inside real ``flowstream worker`` processes.
 
 ``chain-parent`` starts the children its input lists (``{"kids": [{"id", "hops", "wait",
-"hold_file", "policy"}]}``) and completes with each one's outcome once all have ended; asked to
-cancel, it waits for them and then cancels.
+"hold_file", "policy", "build"}]}``; ``"build": "kid-v2"`` pins a child to that build) and
+completes with each one's outcome once all have ended; asked to cancel, it waits for them and
+then cancels.
 
 ``chain-kid`` continues as new ``hops`` times, then runs its ``work`` step (held until
 ``hold_file`` exists, when given) and, with ``"wait": "signal"``, waits for the ``go`` signal;
@@ -30,6 +31,8 @@ from flowstream.replay.context import StepInvocation, WorkflowContext, WorkflowI
 
 PARENT = WorkflowSpec(name="chain-parent", signal_names=("go",))
 KID = WorkflowSpec(name="chain-kid", signal_names=("go",))
+#: The kid pinned to a build a worker serves only when started with ``--build kid-v2=...``.
+KID_V2 = WorkflowSpec(name="chain-kid", runtime_build_id="kid-v2", signal_names=("go",))
 
 
 def _options(value: JSON) -> dict[str, JSON]:
@@ -47,8 +50,8 @@ def _parent(ctx: WorkflowContext) -> RuntimeCommand:
             [
                 ctx.child_workflow(
                     str(k["id"]),
-                    KID,
-                    {key: value for key, value in k.items() if key != "id"},
+                    KID_V2 if k.get("build") == KID_V2.runtime_build_id else KID,
+                    {key: value for key, value in k.items() if key not in ("id", "build")},
                     ChildCancellationPolicy(str(k.get("policy", "request_cancellation"))),
                 )
                 for k in kids

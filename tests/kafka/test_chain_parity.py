@@ -37,7 +37,7 @@ from flowstream.partitioning import partition_for
 from flowstream.replay.decide import derived_run_id
 from flowstream.settings import Settings
 from tests.kafka.chain_apps import KID, PARENT
-from tests.processor.harness import Cluster, committed_events, step_runs, wait_until
+from tests.processor.harness import Cluster, Worker, committed_events, step_runs, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
@@ -386,6 +386,38 @@ def test_force_cancel_right_behind_a_child_start_ends_the_child(cluster: Cluster
     for parent in parents:
         kid = kid_run(parent, "kid")
         assert client.wait(kid, timeout=90).status is RunStatus.CANCELLED, cluster.logs()
+
+
+def test_a_cancel_for_a_child_whose_start_is_parked_waits_behind_it(cluster: Cluster) -> None:
+    """The child's build is served by no worker yet, so its start waits in its partition's
+    inbox; the parent's forced cancel sends the child a cancel, which must wait there too (it
+    found no run and was refused, and the child ran on once a worker served its build)."""
+    client = cluster.client
+    [parent] = crossing_parents("pinned", 1, ["kid"], client.partitions)
+    kid = kid_run(parent, "kid")
+    client.start(parent, PARENT, {"kids": [{"id": "kid", "build": "kid-v2", "wait": "signal"}]})
+    client.flush()
+    wait_until(
+        lambda: client.parked(kid), 60, f"the child's start was not parked\n{cluster.logs()}"
+    )
+    client.cancel(parent, "ops", force=True)
+    client.flush()
+    assert client.wait(parent, timeout=60).status is RunStatus.CANCELLED
+    wait_until(lambda: len(client.parked(kid)) == 2, 60, "the child's cancel was not parked")
+    assert cluster.workers["w1"].stop() == 0
+    worker = Worker(
+        "w2",
+        bootstrap=cluster.bootstrap,
+        prefix=cluster.prefix,
+        group=cluster.group,
+        state_dir=cluster.root / "state",
+        step_log=cluster.step_log,
+        app=APP,
+        builds=(f"kid-v2={APP}",),
+    )
+    cluster.workers["w2"] = worker
+    assert client.wait(kid, timeout=90).status is RunStatus.CANCELLED, cluster.logs()
+    assert client.parked(kid) == []
 
 
 # -- each child's start is produced once --------------------------------------------------------
