@@ -416,3 +416,22 @@ def test_a_claim_outlives_the_crash_of_its_digest_partition_before_the_answer(
     client.resume_hook_by_token(token, {"for": "second"})
     client.flush()
     assert client.wait(second, timeout=60).output["approval"] == {"for": "second"}  # type: ignore[index]
+
+
+def test_a_disposed_hook_releases_its_token(cluster: Cluster) -> None:
+    cluster.start("w1", extra_env=RETRIES)
+    client = cluster.client
+    token = _token("disposed")
+    first, second = _two_partitions(cluster, "dispose", 2)
+    client.start(first, SPEC, {"hook_digest": token_digest(token)})
+    client.flush()
+    wait_until(lambda: _hook_open(cluster, first), 60, "the first hook is not created")
+    client.start(second, SPEC, {"hook_digest": token_digest(token)})
+    client.flush()
+    wait_until(lambda: _conflicts(cluster, second), 60, "the second claim was not refused")
+    client.dispose_hook(first, "approval")
+    client.flush()
+    wait_until(lambda: _claimed(cluster, token, second), 60, "the disposed hook kept its token")
+    client.resume_hook_by_token(token, {"for": "second"})
+    client.flush()
+    assert client.wait(second, timeout=60).output["approval"] == {"for": "second"}  # type: ignore[index]
