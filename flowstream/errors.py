@@ -25,6 +25,8 @@
     ├── RunFailedError               a run a handle waited for ended without completing
     ├── StoreLockedError             another process holds the embedded store (or a newer
     │                                 writer fenced this Kafka store)
+    ├── StoreNotFoundError           no embedded store at the path (read commands never create one)
+    ├── StoreCorruptError            the embedded store's files fail RocksDB's checks
     ├── InstanceInUseError           a live member of the group runs with this worker's
     │                                 instance id
     ├── TopologyError                topics missing or unlike topology/ (flowstream.topology)
@@ -68,7 +70,9 @@ __all__ = [
     "SerializationError",
     "StepError",
     "StepFailedError",
+    "StoreCorruptError",
     "StoreLockedError",
+    "StoreNotFoundError",
     "UnknownOutcomeError",
     "WorkflowNotServedError",
 ]
@@ -241,6 +245,14 @@ class RunFailedError(FlowError):
 
 class StoreLockedError(FlowError):
     """Another process holds the embedded store open."""
+
+
+class StoreNotFoundError(FlowError):
+    """No embedded store at the path (a mistyped ``--data``); read commands never create one."""
+
+
+class StoreCorruptError(FlowError):
+    """The embedded store's files fail RocksDB's checks (the message names the file)."""
 
 
 class InstanceInUseError(FlowError):

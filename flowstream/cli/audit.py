@@ -19,12 +19,14 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from flowstream.cli.options import print_json
 from flowstream.cli.worker import runtimes_from
 from flowstream.model.events import EventEnvelope
 from flowstream.model.spec import WorkflowSpec
 from flowstream.replay.audit import RunAudit, audit_history
 from flowstream.runtime import FlowRuntime, serves
 from flowstream.settings import Settings
+from flowstream.topology import TopologyError
 from flowstream.wire import BadRecord
 
 
@@ -39,19 +41,33 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--run", dest="run_id", help="audit only this run")
     parser.add_argument("--app", default=None, help="module:attribute of the unpinned runtime")
     parser.add_argument("--build", action="append", default=[], metavar="BUILD=module:attr")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="the verdicts as one JSON object {runs, unreadable_records}",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds to wait for a broker (default 10)"
+    )
     parser.set_defaults(handler=_audit)
 
 
 def _kafka_histories(
-    settings: Settings, run_id: str | None
+    settings: Settings, run_id: str | None, timeout: float
 ) -> tuple[dict[str, list[EventEnvelope]], list[BadRecord]]:
     """Every run's events (or ``run_id``'s) and the records that did not decode (those of
     ``run_id`` and those of no run, when one run is asked for)."""
     from flowstream.client import EventTail
+    from flowstream.kafka.clients import probe_brokers
     from flowstream.partitioning import partition_for
     from flowstream.topology import EVENTS, load_topology
 
     topology = load_topology()
+    if probe_brokers(settings.bootstrap, timeout) is None:
+        raise TopologyError(
+            f"no Kafka broker answered at {settings.bootstrap} within {timeout:g} s (set "
+            "--bootstrap or FLOWSTREAM_BOOTSTRAP; --data DIR audits an embedded store)"
+        )
     partitions = list(range(topology.run_partitions))
     if run_id is not None:
         partitions = [partition_for(run_id, topology.run_partitions)]
@@ -86,7 +102,7 @@ def _progress(began: float) -> Any:
 def _store_histories(path: str, run_id: str | None) -> dict[str, list[EventEnvelope]]:
     from flowstream.stores.rocksdb import RocksDBEventStore
 
-    with RocksDBEventStore(path) as store:
+    with RocksDBEventStore(path, read_only=True) as store:
         runs: Iterable[str] = [run_id] if run_id else store.list_runs()
         return {r: store.read(r) for r in runs}
 
@@ -103,7 +119,7 @@ def _audit(args: argparse.Namespace) -> int:
         histories = _store_histories(args.data, args.run_id)
     else:
         settings = Settings.from_env(bootstrap=args.bootstrap, topic_prefix=args.topic_prefix)
-        histories, unreadable = _kafka_histories(settings, args.run_id)
+        histories, unreadable = _kafka_histories(settings, args.run_id, args.timeout)
     corrupt: dict[str, list[BadRecord]] = {}
     for record in unreadable:
         if record.run_id is not None:
@@ -124,6 +140,8 @@ def _audit(args: argparse.Namespace) -> int:
         return reports
 
     reports = asyncio.run(work())
+    if args.json:
+        return _print_json(reports, keyless)
     bad = stalled = 0
     for report in reports:
         if report.skipped and report.ok:
@@ -146,6 +164,22 @@ def _audit(args: argparse.Namespace) -> int:
         summary += f"; {len(keyless)} record(s) of no run cannot be read"
     print(summary)
     return 1 if bad or keyless else 0
+
+
+def _print_json(reports: list[RunAudit], keyless: list[BadRecord]) -> int:
+    rows = [
+        {
+            "run_id": report.run_id,
+            "verdict": _verdict(report) if not report.ok else "SKIPPED" if report.skipped else "OK",
+            "events": report.events,
+            "decisions_checked": report.decisions_checked,
+            "problems": list(report.problems),
+            "skipped": report.skipped or None,
+        }
+        for report in reports
+    ]
+    print_json({"runs": rows, "unreadable_records": [str(record) for record in keyless]})
+    return 1 if keyless or any(not report.ok for report in reports) else 0
 
 
 def _verdict(report: RunAudit) -> str:

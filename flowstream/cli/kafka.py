@@ -46,6 +46,8 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
+from flowstream.cli import UsageError
+from flowstream.cli.options import JSON_FORMS, add_start_arguments, json_value
 from flowstream.client import FlowClient
 from flowstream.errors import CommandParkedError, FlowError, RunNotFoundError
 from flowstream.kafka import clients
@@ -104,7 +106,7 @@ _TRANSIENT_CODES = frozenset(
 )
 
 
-class _UsageError(Exception):
+class _UsageError(UsageError):
     """Arguments that parse but do not make sense together (exit 2)."""
 
 
@@ -157,15 +159,10 @@ def register(subparsers: Any) -> None:
         return verb
 
     start = add("start", "start a run (idempotent by run id)", _start, (CMD_START, EVENTS))
-    start.add_argument("run_id")
-    start.add_argument(
-        "--workflow",
-        required=True,
-        metavar="MODULE[:ATTR]",
-        help="the WorkflowSpec (or @app.workflow function) to pin the run to (ATTR defaults "
-        "to SPEC)",
+    add_start_arguments(
+        start,
+        "the WorkflowSpec (or @app.workflow function) to pin the run to (ATTR defaults to SPEC)",
     )
-    start.add_argument("--input", default="null", help="JSON input, or @FILE to read it from")
     start.add_argument(
         "--wait", action="store_true", help="wait until the run ends and print its output"
     )
@@ -197,7 +194,7 @@ def register(subparsers: Any) -> None:
     signal.add_argument("run_id")
     signal.add_argument("name")
     signal.add_argument("--id", dest="signal_id", required=True, help="idempotency id")
-    signal.add_argument("--payload", default="null", help="JSON payload, or @FILE")
+    signal.add_argument("--payload", default="null", help=f"the payload: {JSON_FORMS}")
 
     hook = add(
         "hook", "resume (or --dispose) a hook by --run and --hook, or by token", _hook, (CMD_HOOK,)
@@ -209,7 +206,7 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="read the hook's token from standard input instead of naming the hook",
     )
-    hook.add_argument("--payload", help="JSON payload, or @FILE (default null)")
+    hook.add_argument("--payload", help="the payload: inline JSON or @FILE (default null)")
     hook.add_argument("--dispose", action="store_true", help="dispose of the hook, no payload")
 
     cancel = add("cancel", "request cancellation of a run (or --force it)", _cancel, (CMD_CANCEL,))
@@ -325,19 +322,7 @@ def problems(error: ValidationError) -> str:
 
 
 def _json(text: str | None, option: str) -> JSON:
-    if text is None:
-        return None
-    raw: bytes | str = text
-    if text.startswith("@"):
-        try:
-            raw = Path(text[1:]).read_bytes()
-        except OSError as exc:
-            raise _UsageError(f"{option}: cannot read {text[1:]}: {exc.strerror}") from None
-    try:
-        value: JSON = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise _UsageError(f"{option} is not JSON: {exc}") from None
-    return value
+    return json_value(text, option)
 
 
 def load_spec(target: str) -> WorkflowSpec:

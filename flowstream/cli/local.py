@@ -1,4 +1,9 @@
-"""Subcommands on the embedded store: demo, status, history, signal, hook, cancel, tick, drive.
+"""Subcommands on the embedded store: demo, start, status, history, signal, hook, cancel, tick,
+drive (``list`` and ``describe`` are in :mod:`flowstream.cli.inspect`).
+
+Only ``demo`` and ``start`` create a store; every other command refuses a ``--data`` that holds
+none (a mistyped path), and the read commands open the store read-only, so they work beside a
+running embedded app. JSON options take ``@FILE`` or ``-`` (standard input) too.
 
 ``history RUN... --json`` exports histories in the format ``flowstream.testing.Replayer`` reads.
 
@@ -11,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
-import importlib
 import os
 import secrets
 import sys
@@ -21,97 +25,125 @@ from typing import Any
 
 import orjson
 
+from flowstream.cli import UsageError
+from flowstream.cli.options import (
+    JSON_FORMS,
+    add_start_arguments,
+    json_value,
+    load_runtime,
+    print_json,
+)
 from flowstream.engine import FlowEngine
-from flowstream.errors import FlowError
 from flowstream.model.events import EventEnvelope
+from flowstream.model.snapshot import WorkflowRunSnapshot
 from flowstream.replay.decide import token_digest
-from flowstream.runtime import FlowRuntime
 from flowstream.stores.rocksdb import RocksDBEventStore
 from flowstream.testing.replayer import export_histories
 
 DEFAULT_DATA = "flowstream-data"
 DEFAULT_APP = "flowstream.examples.order:runtime"
 
+__all__ = ["add_store_command", "load_runtime", "open_engine", "run_on_store"]
+
+
+def add_store_command(
+    subparsers: Any, name: str, help: str, handler: Any, *, json_help: str | None = None
+) -> argparse.ArgumentParser:
+    """A subcommand on the embedded store (``--data``, ``--app``; ``--json`` with ``json_help``)."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(name, help=help)
+    parser.add_argument(
+        "--data",
+        default=os.environ.get("FLOWSTREAM_DATA", DEFAULT_DATA),
+        help=f"embedded store directory (default {DEFAULT_DATA}, env FLOWSTREAM_DATA)",
+    )
+    parser.add_argument(
+        "--app",
+        help=f"module:attribute of the FlowRuntime to drive runs with (FLOWSTREAM_APP, default "
+        f"{DEFAULT_APP})",
+    )
+    if json_help is not None:
+        parser.add_argument("--json", action="store_true", help=json_help)
+    parser.set_defaults(handler=handler)
+    return parser
+
 
 def register(subparsers: Any) -> None:
-    def add(name: str, help: str, handler: Any) -> argparse.ArgumentParser:
-        parser: argparse.ArgumentParser = subparsers.add_parser(name, help=help)
-        parser.add_argument(
-            "--data",
-            default=os.environ.get("FLOWSTREAM_DATA", DEFAULT_DATA),
-            help=f"embedded store directory (default {DEFAULT_DATA}, env FLOWSTREAM_DATA)",
-        )
-        parser.add_argument(
-            "--app",
-            default=os.environ.get("FLOWSTREAM_APP", DEFAULT_APP),
-            help="module:attribute of the FlowRuntime to drive runs with",
-        )
-        parser.set_defaults(handler=handler)
-        return parser
+    def add(
+        name: str, help: str, handler: Any, json_help: str | None = None
+    ) -> argparse.ArgumentParser:
+        return add_store_command(subparsers, name, help, handler, json_help=json_help)
 
+    snapshot_json = "print the run's snapshot as JSON"
     add("demo", "run the example order workflow on the embedded store", _demo)
+    start = add("start", "start a run (idempotent by run id) and drive it", _start, snapshot_json)
+    add_start_arguments(
+        start,
+        "the WorkflowSpec or @app.workflow function (ATTR defaults to SPEC); without --app "
+        "the runtime is the workflow's module's",
+    )
     status = add("status", "say why a run is (not) moving, then show its snapshot", _status)
     status.add_argument("run_id")
     status.add_argument("--json", action="store_true", help="only the snapshot, as JSON")
     drive = add("drive", "drive a run on (operator recovery) and say where it stands", _drive)
     drive.add_argument("run_id")
-    history = add("history", "list runs' committed events (export them with --json)", _history)
-    history.add_argument("run_ids", nargs="*", metavar="RUN", help="runs (default: all)")
-    history.add_argument(
-        "--json",
-        action="store_true",
-        help="one JSON array of the runs' event envelopes, as flowstream.testing.Replayer reads",
+    history = add(
+        "history",
+        "list runs' committed events (export them with --json)",
+        _history,
+        "one JSON array of the runs' event envelopes, as flowstream.testing.Replayer reads",
     )
-    signal = add("signal", "send a signal to a run", _signal)
+    history.add_argument("run_ids", nargs="*", metavar="RUN", help="runs (default: all)")
+    signal = add("signal", "send a signal to a run", _signal, snapshot_json)
     signal.add_argument("run_id")
     signal.add_argument("name")
     signal.add_argument("--id", dest="signal_id", required=True, help="idempotency id")
-    signal.add_argument("--payload", default="null", help="JSON payload")
-    hook = add("hook", "resume a hook by run and hook id, or by token", _hook)
+    signal.add_argument("--payload", default="null", help=f"the payload: {JSON_FORMS}")
+    hook = add("hook", "resume a hook by run and hook id, or by token", _hook, snapshot_json)
     hook.add_argument("--run", dest="run_id")
     hook.add_argument("--hook", dest="hook_id")
     hook.add_argument(
         "--token-stdin", action="store_true", help="read the hook token from standard input"
     )
-    hook.add_argument("--payload", default="null", help="JSON payload")
-    cancel = add("cancel", "request cancellation of a run (or --force it)", _cancel)
+    hook.add_argument("--payload", default="null", help="the payload: inline JSON or @FILE")
+    cancel = add("cancel", "request cancellation of a run (or --force it)", _cancel, snapshot_json)
     cancel.add_argument("run_id")
     cancel.add_argument("--reason")
     cancel.add_argument("--force", action="store_true", help="end it without workflow code")
-    add("tick", "resume every run whose timer or retry is due, and repair stalled runs", _tick)
+    add(
+        "tick",
+        "resume every run whose timer or retry is due, and repair stalled runs",
+        _tick,
+        "the resumed, repaired and failed runs as JSON",
+    )
 
 
-def load_runtime(spec: str) -> FlowRuntime:
-    """The runtime at ``module:attribute`` (without an attribute: ``runtime``, else ``app``)."""
-    module_name, _, attribute = spec.partition(":")
-    module = importlib.import_module(module_name)
-    runtime = getattr(module, attribute) if attribute else getattr(module, "runtime", None)
-    if runtime is None:
-        runtime = getattr(module, "app", None)
-    if not isinstance(runtime, FlowRuntime):
-        raise SystemExit(f"{spec} is not a FlowRuntime (needs run_workflow and run_step)")
-    return runtime
+def open_engine(
+    args: argparse.Namespace, *, create: bool = False, read_only: bool = False
+) -> FlowEngine:
+    """The engine over ``--data`` with ``--app``'s runtime (loaded before the store opens)."""
+    runtime = load_runtime(args.app or os.environ.get("FLOWSTREAM_APP") or DEFAULT_APP)
+    store = RocksDBEventStore(args.data, create=create, read_only=read_only)
+    return FlowEngine(store, runtime)
 
 
-def _engine(args: argparse.Namespace) -> tuple[FlowEngine, RocksDBEventStore]:
-    store = RocksDBEventStore(args.data)
-    return FlowEngine(store, load_runtime(args.app)), store
-
-
-def _run(args: argparse.Namespace, work: Any) -> int:
-    try:
-        engine, store = _engine(args)
-    except FlowError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+def run_on_store(
+    args: argparse.Namespace, work: Any, *, create: bool = False, read_only: bool = False
+) -> int:
+    """Run ``work(engine)`` over the store; errors end in main's one ``error:`` line."""
+    engine = open_engine(args, create=create, read_only=read_only)
     try:
         asyncio.run(work(engine))
         return 0
-    except FlowError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
     finally:
-        store.close()
+        engine.store.close()
+
+
+def _said(args: argparse.Namespace, snapshot: WorkflowRunSnapshot) -> None:
+    """A command's answer: ``RUN: status``, or the snapshot with ``--json``."""
+    if args.json:
+        print_json(snapshot.model_dump(mode="json"))
+    else:
+        print(f"{snapshot.run_id}: {snapshot.status.value}")
 
 
 def describe(envelope: EventEnvelope) -> str:
@@ -171,12 +203,12 @@ def _demo(args: argparse.Namespace) -> int:
                 await engine.resume_due()
                 snapshot = engine.snapshot(run_id)
             else:
-                raise SystemExit("the demo run stalled unexpectedly")
+                raise UsageError("the demo run stalled unexpectedly")
         print(f"\n-- final snapshot of {run_id}")
         print(orjson.dumps(snapshot.model_dump(mode="json"), option=orjson.OPT_INDENT_2).decode())
         print(f"\ntry: flowstream status {run_id}   |   flowstream history {run_id}")
 
-    return _run(args, work)
+    return run_on_store(args, work, create=True)
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -186,7 +218,24 @@ def _status(args: argparse.Namespace) -> int:
             print(f"{args.run_id}: {engine.condition(args.run_id).describe()}")
         print(orjson.dumps(snapshot.model_dump(mode="json"), option=orjson.OPT_INDENT_2).decode())
 
-    return _run(args, work)
+    return run_on_store(args, work, read_only=True)
+
+
+def _start(args: argparse.Namespace) -> int:
+    from flowstream.cli.kafka import load_spec
+
+    spec = load_spec(args.workflow)
+    data = json_value(args.input, "--input")
+    args.app = args.app or os.environ.get("FLOWSTREAM_APP") or args.workflow.partition(":")[0]
+
+    async def work(engine: FlowEngine) -> None:
+        snapshot = await engine.start(args.run_id, spec, data)
+        if args.json:
+            print_json(snapshot.model_dump(mode="json"))
+        else:
+            print(f"{args.run_id}: {engine.condition(args.run_id).describe()}")
+
+    return run_on_store(args, work, create=True)
 
 
 def _drive(args: argparse.Namespace) -> int:
@@ -194,7 +243,7 @@ def _drive(args: argparse.Namespace) -> int:
         snapshot = await engine.drive(args.run_id, retry_task=True)  # an operator retry
         print(f"{snapshot.run_id}: {engine.condition(snapshot.run_id).describe()}")
 
-    return _run(args, work)
+    return run_on_store(args, work)
 
 
 def _history(args: argparse.Namespace) -> int:
@@ -207,42 +256,36 @@ def _history(args: argparse.Namespace) -> int:
             for envelope in history:
                 print(describe(envelope))
 
-    return _run(args, work)
-
-
-def _payload(text: str) -> Any:
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        raise SystemExit(f"--payload is not JSON: {exc}") from exc
+    return run_on_store(args, work, read_only=True)
 
 
 def _signal(args: argparse.Namespace) -> int:
-    payload = _payload(args.payload)
+    payload = json_value(args.payload, "--payload")
 
     async def work(engine: FlowEngine) -> None:
-        snapshot = await engine.send_signal(args.run_id, args.signal_id, args.name, payload)
-        print(f"{snapshot.run_id}: {snapshot.status.value}")
+        _said(args, await engine.send_signal(args.run_id, args.signal_id, args.name, payload))
 
-    return _run(args, work)
+    return run_on_store(args, work)
 
 
 def _hook(args: argparse.Namespace) -> int:
-    payload = _payload(args.payload)
+    if args.token_stdin and args.payload == "-":
+        raise UsageError("--token-stdin reads the token from stdin: give --payload as @FILE")
+    payload = json_value(args.payload, "--payload")
     token: str | None = None
     if args.token_stdin:
         token = sys.stdin.readline().strip() if not sys.stdin.isatty() else getpass.getpass()
     elif not (args.run_id and args.hook_id):
-        raise SystemExit("give --run and --hook, or --token-stdin")
+        raise UsageError("give --run and --hook, or --token-stdin")
 
     async def work(engine: FlowEngine) -> None:
         if token is not None:
             snapshot = await engine.resume_hook_by_token(token, payload)
         else:
             snapshot = await engine.resume_hook(args.run_id, args.hook_id, payload)
-        print(f"{snapshot.run_id}: {snapshot.status.value}")
+        _said(args, snapshot)
 
-    return _run(args, work)
+    return run_on_store(args, work)
 
 
 def _cancel(args: argparse.Namespace) -> int:
@@ -251,16 +294,20 @@ def _cancel(args: argparse.Namespace) -> int:
             snapshot = await engine.force_cancel(args.run_id, args.reason)
         else:
             snapshot = await engine.request_cancellation(args.run_id, args.reason)
-        print(f"{snapshot.run_id}: {snapshot.status.value}")
+        _said(args, snapshot)
 
-    return _run(args, work)
+    return run_on_store(args, work)
 
 
 def _tick(args: argparse.Namespace) -> int:
     async def work(engine: FlowEngine) -> None:
         tick = await engine.resume_due()
+        if args.json:
+            failed = {run_id: str(error) for run_id, error in tick.failed.items()}
+            print_json({"resumed": tick.resumed, "repaired": tick.repaired, "failed": failed})
+            return
         print(f"resumed {len(tick.resumed)} run(s), repaired {len(tick.repaired)} stalled run(s)")
         for run_id, error in tick.failed.items():
             print(f"{run_id}: {error}", file=sys.stderr)
 
-    return _run(args, work)
+    return run_on_store(args, work)

@@ -14,8 +14,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from flowstream.cli import UsageError
 from flowstream.cli.kafka import problems
-from flowstream.cli.local import load_runtime
+from flowstream.cli.options import load_runtime
 from flowstream.errors import FlowError
 from flowstream.kafka.clients import KafkaError, KafkaException
 from flowstream.runtime import FlowRuntime
@@ -53,8 +54,15 @@ def register(subparsers: Any) -> None:
         help="start each step as soon as it is decided, before its step_started commits "
         "(FLOWSTREAM_EAGER_STEPS; README, 'When a step starts')",
     )
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        help="DEBUG, INFO, WARNING, ERROR or CRITICAL (default INFO)",
+    )
     parser.set_defaults(handler=_worker)
+
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def runtimes_from(app: str | None, builds: list[str]) -> dict[str | None, FlowRuntime]:
@@ -64,10 +72,10 @@ def runtimes_from(app: str | None, builds: list[str]) -> dict[str | None, FlowRu
     for item in builds:
         build, sep, target = item.partition("=")
         if not sep or not build or not target:
-            raise SystemExit(f"--build needs BUILD=module:attribute, got {item!r}")
+            raise UsageError(f"--build needs BUILD=module:attribute, got {item!r}")
         runtimes[build] = load_runtime(target)
     if not runtimes:
-        raise SystemExit("give --app and/or --build")
+        raise UsageError("give --app and/or --build")
     return runtimes
 
 
@@ -105,7 +113,8 @@ def _worker(args: argparse.Namespace) -> int:
     from flowstream.processor.worker import Processor
 
     gc.set_threshold(*GC_THRESHOLDS)
-
+    if args.log_level.upper() not in _LOG_LEVELS:
+        raise UsageError(f"--log-level {args.log_level!r} is not one of {', '.join(_LOG_LEVELS)}")
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -35,10 +36,13 @@ class Inspection(ReplayCycle):
     def list_runs(self) -> list[str]:
         return self.store.list_runs()
 
-    def list_open_suspensions(self, now: datetime | None = None) -> list[Suspension]:
-        """Open waits, hooks, retries, signal waits and children of non-terminal runs."""
+    def list_open_suspensions(
+        self, now: datetime | None = None, *, run_ids: Iterable[str] | None = None
+    ) -> list[Suspension]:
+        """Open waits, hooks, retries, signal waits and children of non-terminal runs (of
+        ``run_ids``, default every run)."""
         found: list[Suspension] = []
-        for run_id in self.store.list_runs():
+        for run_id in self.store.list_runs() if run_ids is None else run_ids:
             state = self.store.state(run_id)
             if state.is_terminal:
                 continue

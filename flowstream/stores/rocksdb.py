@@ -20,14 +20,21 @@ Only this module imports ``rocksdict``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TypeVar
 
 import orjson
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
 
-from flowstream.errors import SerializationError, StoreLockedError
+from flowstream.errors import (
+    SerializationError,
+    StoreCorruptError,
+    StoreLockedError,
+    StoreNotFoundError,
+)
 from flowstream.model.events import EventEnvelope
 from flowstream.replay.state import RunState, Wakeup
 from flowstream.stores.base import Clock, EventStore, IndexChanges, utc_now
@@ -106,6 +113,23 @@ def _parse_wakeup(key: bytes) -> Wakeup:
     return Wakeup(_from_micros(key[1:9]), run_id, kind, subject)
 
 
+_T = TypeVar("_T")
+
+#: RocksDB's words for a store another process holds ("While lock file: ...LOCK"); a whole word,
+#: since a corrupt SST's "block checksum mismatch" contains "lock" too.
+_LOCKED = re.compile(r"\block\b|lock hold")
+
+
+def corrupt_store(path: Path, exc: Exception) -> Exception:
+    """RocksDB's ``Corruption: ...`` (which names the damaged file) as a ``StoreCorruptError``;
+    any other error as it is."""
+    text = str(exc)
+    if not text.startswith("Corruption:"):
+        return exc
+    detail = " ".join(text.removeprefix("Corruption:").split())
+    return StoreCorruptError(f"the store at {path} is corrupt: {detail}")
+
+
 class RocksDBEventStore(EventStore):
     """Durable histories and indexes in a local RocksDB directory."""
 
@@ -116,21 +140,25 @@ class RocksDBEventStore(EventStore):
         clock: Clock = utc_now,
         sync: str | bool = "group",
         cache_runs: int = 20_000,
+        create: bool = True,
+        read_only: bool = False,
     ) -> None:
+        """Open the store at ``path``; ``create=False`` refuses a path that holds no store
+        (``StoreNotFoundError``), ``read_only`` opens it beside the process that has it open
+        (a view as of the open; nothing may be appended)."""
         super().__init__(clock=clock)
         self.path = Path(path)
+        if self.path.exists() and not self.path.is_dir():
+            raise StoreNotFoundError(f"{self.path} is a file, not a store directory")
+        if not (create and not read_only) and not (self.path / "CURRENT").is_file():
+            raise StoreNotFoundError(
+                f"no store at {self.path} (check --data; only demo and start create one)"
+            )
         self.path.mkdir(parents=True, exist_ok=True)
         options = Options(raw_mode=True)
-        options.create_if_missing(True)
-        try:
-            self._db = Rdict(str(self.path), options=options)
-        except Exception as exc:
-            if "lock" in str(exc).lower():
-                raise StoreLockedError(
-                    f"the store at {self.path} is open in another process; stop it or use "
-                    "another directory"
-                ) from exc
-            raise
+        options.create_if_missing(create and not read_only)
+        access = AccessType.read_only() if read_only else AccessType.read_write()
+        self._db = self._open(options, access)
         if sync not in ("group", "always", True, False):
             raise ValueError('sync must be "group" or "always"')
         self._write_options = WriteOptions()
@@ -141,8 +169,25 @@ class RocksDBEventStore(EventStore):
         self._earliest: Wakeup | _Unknown | None = _UNKNOWN
         self._cache_runs = cache_runs
         self._closed = False
-        if self._db.get(_OPEN_INDEX_KEY) is None:
-            self._build_open_index()
+        if not read_only and self._guard(lambda: self._db.get(_OPEN_INDEX_KEY)) is None:
+            self._guard(self._build_open_index)
+
+    def _open(self, options: Options, access: AccessType) -> Rdict:
+        try:
+            return Rdict(str(self.path), options=options, access_type=access)
+        except Exception as exc:
+            if _LOCKED.search(str(exc).lower()):
+                raise StoreLockedError(
+                    f"the store at {self.path} is open in another process; stop it or use "
+                    "another directory"
+                ) from exc
+            raise corrupt_store(self.path, exc) from exc
+
+    def _guard(self, work: Callable[[], _T]) -> _T:
+        try:
+            return work()
+        except Exception as exc:
+            raise corrupt_store(self.path, exc) from exc
 
     # -- reads ---------------------------------------------------------------------------------
 
