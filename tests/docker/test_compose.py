@@ -26,7 +26,7 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
-from flowstream.cli import build_parser
+from flowstream.cli import UsageError, build_parser
 from flowstream.cli.local import load_runtime
 from flowstream.devkafka.config import NodeSpec, server_properties
 from flowstream.devkafka.jars import KAFKA_VERSION
@@ -314,7 +314,7 @@ def check_commands(compose: Compose) -> list[str]:
             kinds["worker"].append(name)
             try:
                 load_runtime(args.app)
-            except (ImportError, AttributeError, SystemExit) as error:
+            except (ImportError, UsageError) as error:
                 problems.append(f"{name}: --app {args.app} does not load: {error}")
         else:
             problems.append(f"{name}: unexpected command {command}")
