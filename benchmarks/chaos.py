@@ -249,7 +249,9 @@ class _Driver:
 
     def _signal_sender(self, run_id: str, signal_id: str) -> Callable[[], None]:
         def send() -> None:
-            self.client.signal(run_id, signal_id, SIGNAL_NAME, {"from": "driver", "id": signal_id})
+            self.client.signal(
+                run_id, SIGNAL_NAME, {"from": "driver", "id": signal_id}, id=signal_id
+            )
 
         return send
 

@@ -341,7 +341,7 @@ def restart(
             )
             sent_at = watch.elapsed()
             for run_id in probes:
-                client.signal(run_id, f"probe-{kind}-{run_id}", SIGNAL)
+                client.signal(run_id, SIGNAL, id=f"probe-{kind}-{run_id}")
             client.flush()
             until = max(args.timeout, sent_at + 30)
             if watch.wait(lambda: counts.finished.issuperset(probes), until):

@@ -248,7 +248,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         first = f"order-{nonce}-first"
         began = time.monotonic()
         client.start(first, SPEC, order(first))
-        client.signal(first, f"{first}-shipped", "shipped", {"carrier": "DHL", "run": first})
+        client.signal(first, "shipped", {"carrier": "DHL", "run": first}, id=f"{first}-shipped")
         client.flush()
         runs.until([first], terminal, args.timeout, "completed")
         check_completed(runs, [first], {})
@@ -269,7 +269,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         client.flush()
         runs.until(batch, waits_for_signal, args.timeout, "waited for the shipped signal")
         for run_id in batch:
-            client.signal(run_id, f"{run_id}-shipped", "shipped", {"carrier": "DHL", "run": run_id})
+            client.signal(
+                run_id, "shipped", {"carrier": "DHL", "run": run_id}, id=f"{run_id}-shipped"
+            )
         client.flush()
         runs.until(batch, terminal, args.timeout, "completed")
         check_completed(runs, batch, tokens)
@@ -301,7 +303,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         killed_at = time.monotonic()
         log(f"killed processor-1 ({args.kill[:12]}) with {len(on_killed)} runs on its partitions")
         for run_id in failover:
-            client.signal(run_id, f"{run_id}-shipped", "shipped", {"carrier": "DHL", "run": run_id})
+            client.signal(
+                run_id, "shipped", {"carrier": "DHL", "run": run_id}, id=f"{run_id}-shipped"
+            )
         client.flush()
         runs.until(failover, terminal, args.timeout, "completed after the kill")
         check_completed(runs, failover, {})

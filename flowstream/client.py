@@ -158,17 +158,19 @@ class FlowClient:
     def signal(
         self,
         run_id: str,
-        signal_id: str,
         name: str,
         payload: JSON = None,
         *,
+        id: str,
         command_id: str | None = None,
         wait: bool | None = None,
         timeout: float | None = None,
     ) -> CommandOutcome | None:
+        """Send signal ``name`` to ``run_id``, once per ``id`` (the order of the engine's
+        ``signal``, the handles' and the CLI's ``kafka signal RUN NAME --id ID``)."""
         command = SendSignal(
             run_id=run_id,
-            signal_id=signal_id,
+            signal_id=id,
             name=name,
             payload=payload,
             command_id=command_id or new_command_id(),

@@ -59,7 +59,7 @@ class KafkaClient(Client):
         return await asyncio.to_thread(self.flow_client.wait, run_id, timeout=wait)
 
     async def _signal(self, run_id: str, name: str, payload: JSON, signal_id: str) -> None:
-        await self._call(lambda: self.flow_client.signal(run_id, signal_id, name, payload))
+        await self._call(lambda: self.flow_client.signal(run_id, name, payload, id=signal_id))
 
     async def _resume_hook(self, run_id: str, hook_id: str, payload: JSON) -> None:
         await self._call(lambda: self.flow_client.resume_hook(run_id, hook_id, payload))

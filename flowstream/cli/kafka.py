@@ -458,9 +458,9 @@ def _signal(args: argparse.Namespace, client: FlowClient) -> int:
     command_id = _command_id(args)
     outcome = client.signal(
         args.run_id,
-        args.signal_id,
         args.name,
         payload,
+        id=args.signal_id,
         command_id=command_id,
         wait=not args.no_wait,
         timeout=args.timeout,

@@ -115,7 +115,7 @@ def test_signals_hooks_and_cancels_to_an_unknown_run_raise(cluster: Cluster) -> 
 
     # A signal or a hook resumption waits (parked) for a run that may be starting.
     with pytest.raises(RunNotStartedError, match=f"run {ghost} does not exist") as signalled:
-        client.signal(ghost, "s-1", "shipped", {"x": 1})
+        client.signal(ghost, "shipped", {"x": 1}, id="s-1")
     assert isinstance(signalled.value, RunNotFoundError)
     assert isinstance(signalled.value, CommandParkedError)
     with pytest.raises(RunNotFoundError, match="hook resumption is parked"):
@@ -134,20 +134,20 @@ def test_signals_hooks_and_cancels_to_an_unknown_run_raise(cluster: Cluster) -> 
     run_id = f"known-{uuid.uuid4().hex[:8]}"
     client.start(run_id, ORDER, order(run_id))
     with pytest.raises(InvalidTransitionError, match="not declared"):
-        client.signal(run_id, "s-1", "nope")
-    sent = client.signal(run_id, "s-2", "shipped", {"parcel": 1})
+        client.signal(run_id, "nope", id="s-1")
+    sent = client.signal(run_id, "shipped", {"parcel": 1}, id="s-2")
     assert sent is not None and sent.status is OutcomeStatus.APPLIED
-    repeat = client.signal(run_id, "s-2", "shipped", {"parcel": 1})
+    repeat = client.signal(run_id, "shipped", {"parcel": 1}, id="s-2")
     assert repeat is not None and repeat.status is OutcomeStatus.NOOP
     with pytest.raises(RunConflictError, match="another name or payload"):
-        client.signal(run_id, "s-2", "shipped", {"parcel": 2})
+        client.signal(run_id, "shipped", {"parcel": 2}, id="s-2")
 
 
 def test_a_parked_signal_answers_again_when_its_run_starts(cluster: Cluster) -> None:
     client = cluster.client
     run_id = f"early-{uuid.uuid4().hex[:8]}"
     command_id = f"{run_id}-signal"
-    parked = client.signal(run_id, "s-1", "shipped", {"c": 1}, command_id=command_id, wait=False)
+    parked = client.signal(run_id, "shipped", {"c": 1}, command_id=command_id, wait=False, id="s-1")
     assert parked is None  # sent, not waited for
     wait_until(lambda: client.outcome(command_id, run_id, timeout=10), 60, "no outcome")
     client.start(run_id, ORDER, order(run_id))
@@ -221,7 +221,7 @@ def test_no_outcome_in_time_raises_timeout(tmp_path: Path, kafka_bootstrap: str)
     client = FlowClient(idle.client.settings, timeout=2)
     try:
         with pytest.raises(TimeoutError, match="is a processor running"):
-            client.signal("r-1", "s", "shipped")
+            client.signal("r-1", "shipped", id="s")
     finally:
         client.close()
         idle.close()
@@ -242,7 +242,7 @@ def test_a_command_parked_past_its_time_to_live_answers_rejected(
         client = FlowClient(group.client.settings, timeout=60)
         try:
             with pytest.raises(RunNotStartedError):
-                client.signal("never", "s-1", "shipped", command_id="late-signal")
+                client.signal("never", "shipped", command_id="late-signal", id="s-1")
 
             def trail() -> list[Any]:
                 return client.outcomes("late-signal", "never", timeout=10)

@@ -155,7 +155,7 @@ def test_a_command_parked_past_its_time_to_live_is_dead_lettered_and_leaves_the_
     cluster.start("w1", extra_env=ttl)
     client = cluster.client
     sent = time.monotonic()
-    client.signal("never-started", "sig-1", "go", {"late": True})
+    client.signal("never-started", "go", {"late": True}, id="sig-1")
     client.flush()
     wait_until(lambda: client.parked("never-started", timeout=10), 60, "never parked")
     cluster.workers.pop("w1").stop()

@@ -137,7 +137,7 @@ def test_restart_with_deleted_state_rebuilds_from_the_events_topic(cluster: Clus
 
     cluster.start("w1-again")
     cluster.client.start(done[0], SPEC, {})  # a repeated start must not create a second run
-    cluster.client.signal("waiting", "go-1", "go", {"after": "restore"})
+    cluster.client.signal("waiting", "go", {"after": "restore"}, id="go-1")
     cluster.client.flush()
     result = cluster.client.wait("waiting", timeout=90)
     assert result.status.value == "completed", cluster.logs()
@@ -179,7 +179,7 @@ def test_a_bad_record_on_the_events_topic_quarantines_its_run_only(cluster: Clus
     assert producer.flush(30) == 0
 
     again = cluster.start("w1-again")
-    cluster.client.signal("waiting", "go-1", "go", {"after": "restore"})
+    cluster.client.signal("waiting", "go", {"after": "restore"}, id="go-1")
     cluster.client.flush()
     result = cluster.client.wait("waiting", timeout=90)
     assert result.status.value == "completed", cluster.logs()

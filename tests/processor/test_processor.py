@@ -74,7 +74,7 @@ def test_signal_before_start_is_kept_and_applied(
     deployment: tuple[FlowClient, Worker, Path],
 ) -> None:
     client, worker, _ = deployment
-    client.signal("early", "sig-1", "go", {"from": "before start"})
+    client.signal("early", "go", {"from": "before start"}, id="sig-1")
     client.flush()
     client.start("early", SPEC, {"signal": True})
     client.flush()
@@ -179,7 +179,7 @@ def test_a_signal_and_a_hook_resume_sent_before_start_both_apply(
     retried once that happened, not only when another command arrives."""
     client, worker, _ = deployment
     token = "early-hook-token-" + "y" * 30
-    client.signal("both-early", "sig-early", "go", {"first": True})
+    client.signal("both-early", "go", {"first": True}, id="sig-early")
     client.resume_hook("both-early", "approval", {"approved": True})
     client.flush()
     client.start("both-early", SPEC, {"signal": True, "hook_digest": token_digest(token)})

@@ -391,7 +391,7 @@ def test_h3_a_run_whose_history_cannot_be_read_is_quarantined_not_advanced(
     )
 
     heir = cluster.start("w2")
-    cluster.client.signal("waiting", "go-1", "go", {"after": "restore"})
+    cluster.client.signal("waiting", "go", {"after": "restore"}, id="go-1")
     (neighbour,) = _runs_on(partition, "neighbour", 1)
     cluster.client.start(neighbour, SPEC, {})
     cluster.client.flush()

@@ -74,7 +74,7 @@ def test_roll_from_build_1_to_build_2(
         for run_id in v2_runs:
             client.start(run_id, SPEC_V2, {})
         for run_id in v1_waiting[:3]:  # build 1 is still served: these finish now
-            client.signal(run_id, f"{run_id}-go", "go", {"while": "both builds"})
+            client.signal(run_id, "go", {"while": "both builds"}, id=f"{run_id}-go")
         client.flush()
         finished = client.wait_all([*v2_runs, *v1_waiting[:3]], timeout=180)
         assert {s.status.value for s in finished.values()} == {"completed"}
@@ -83,7 +83,7 @@ def test_roll_from_build_1_to_build_2(
         time.sleep(1)
         assert both.stop() == 0
         for run_id in v1_waiting[3:]:  # nobody serves build 1 now: parked, not lost
-            client.signal(run_id, f"{run_id}-go", "go", {"while": "build 2 only"})
+            client.signal(run_id, "go", {"while": "build 2 only"}, id=f"{run_id}-go")
         late_v2 = [f"v2-late-{i}" for i in range(4)]
         for run_id in late_v2:
             client.start(run_id, SPEC_V2, {})
