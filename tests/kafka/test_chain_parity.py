@@ -211,7 +211,7 @@ def test_a_child_chain_on_other_partitions_reports_its_final_outcome(cluster: Cl
     client.flush()
     for parent in parents:
         chain_runs(client, kid_run(parent, "signalled"), suspended, why=cluster.logs)
-        client.signal(kid_run(parent, "signalled"), "sig-1", "go", {"to": parent})
+        client.signal(kid_run(parent, "signalled"), "go", {"to": parent}, id="sig-1")
     client.flush()
     results = client.wait_all(parents, timeout=90)
     for parent, result in results.items():
@@ -239,7 +239,7 @@ def test_signal_cancel_and_force_cancel_by_the_root_id_reach_the_active_run(
     client.flush()
     for root in roots.values():
         chain_runs(client, root, suspended, why=cluster.logs)
-    client.signal(roots["signalled"], "sig-1", "go", {"by": "root id"})
+    client.signal(roots["signalled"], "go", {"by": "root id"}, id="sig-1")
     client.cancel(roots["cancelled"], "asked")
     client.cancel(roots["forced"], "now", force=True)
     client.flush()
@@ -275,7 +275,7 @@ def test_a_control_sent_to_the_root_is_answered_by_the_run_that_applied_it(
     try:
         waiting.start("answered", KID, {"hops": 2, "wait": "signal"}, timeout=60)
         leaf = chain_runs(client, "answered", suspended, why=cluster.logs)[-1].run_id
-        outcome = waiting.signal("answered", "sig-1", "go", "once", timeout=60)
+        outcome = waiting.signal("answered", "go", "once", timeout=60, id="sig-1")
         assert outcome is not None and outcome.status is OutcomeStatus.APPLIED
         assert outcome.key == leaf
         steps = waiting.outcomes(outcome.command_id, "answered")
@@ -283,7 +283,7 @@ def test_a_control_sent_to_the_root_is_answered_by_the_run_that_applied_it(
         done = chain_runs(client, "answered", ended, why=cluster.logs)[-1]
         assert done.status is RunStatus.COMPLETED and done.output == {"go": "once"}
         with pytest.raises(RunConflictError):
-            waiting.signal("answered", "sig-1", "go", "twice", timeout=60)
+            waiting.signal("answered", "go", "twice", timeout=60, id="sig-1")
         late = waiting.cancel("answered", "late", timeout=60)
         assert late is not None and late.status is OutcomeStatus.NOOP and late.key == leaf
     finally:
@@ -459,7 +459,7 @@ def test_an_operator_retry_of_the_parent_sends_its_open_childrens_starts_again(
     client.retry("retried")
     client.flush()
     wait_until(lambda: child_starts(cluster)[kid] == 2, 30, "the retry sent no start")
-    client.signal(kid, "sig-1", "go", "after the retry")
+    client.signal(kid, "go", "after the retry", id="sig-1")
     client.flush()
     result = client.wait("retried", timeout=60)
     assert result.status is RunStatus.COMPLETED, cluster.logs()
