@@ -8,8 +8,9 @@ overridden per deployment or per test. Loading validates the rules the processor
 3. the events topic is keyed by run id and uses ``cleanup_policy = "delete"``: never compacted;
 4. ``min_insync_replicas`` does not exceed ``replication_factor``.
 
-The file is found at ``$FLOWSTREAM_TOPOLOGY`` or else at ``topology/topics.toml`` of the source
-tree this package was installed from.
+The file is found at ``$FLOWSTREAM_TOPOLOGY``, else at ``topology/topics.toml`` of the source
+tree this package runs from (a checkout, an editable install), else as the package's own copy
+``flowstream/topics.toml`` (a built wheel carries one, see setup.py).
 """
 
 from __future__ import annotations
@@ -173,11 +174,15 @@ class Topology(BaseModel):
 
 
 def default_topology_path() -> Path:
-    """``$FLOWSTREAM_TOPOLOGY``, else ``topology/topics.toml`` beside the package's source tree."""
+    """``$FLOWSTREAM_TOPOLOGY``, else the source tree's ``topology/topics.toml``, else the copy
+    an installed package carries."""
     configured = os.environ.get("FLOWSTREAM_TOPOLOGY")
     if configured:
         return Path(configured)
-    return Path(__file__).resolve().parent.parent / "topology" / "topics.toml"
+    package = Path(__file__).resolve().parent
+    source = package.parent / "topology" / "topics.toml"
+    shipped = package / "topics.toml"
+    return shipped if shipped.is_file() and not source.is_file() else source
 
 
 def load_topology(path: Path | None = None) -> Topology:

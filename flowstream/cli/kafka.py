@@ -245,7 +245,7 @@ def _handler(
             if reads:
                 return _retrying(work, args, client)
             return work(args, client)
-        except _UsageError as exc:
+        except UsageError as exc:
             print(f"{prefix} {exc}", file=sys.stderr)
             return 2
         except ValidationError as exc:
