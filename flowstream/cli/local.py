@@ -88,7 +88,7 @@ def register(subparsers: Any) -> None:
     drive.add_argument("run_id")
     history = add(
         "history",
-        "list runs' committed events (export them with --json)",
+        "list runs' committed events, under each run's id when several (export them with --json)",
         _history,
         "one JSON array of the runs' event envelopes, as flowstream.testing.Replayer reads",
     )
@@ -253,6 +253,8 @@ def _history(args: argparse.Namespace) -> int:
             print(export_histories(histories).decode())
             return
         for history in histories:
+            if len(histories) > 1 and history:  # several runs: each under its id
+                print(f"{history[0].run_id}:")
             for envelope in history:
                 print(describe(envelope))
 

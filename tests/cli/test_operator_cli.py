@@ -95,3 +95,25 @@ def test_a_json_option_that_is_not_json_is_bad_usage(
     err = run(capsys, tmp_path, "start", "r1", "--workflow", SPEC, "--input", "@nofile", code=2)
     assert err == "error: --input: cannot read nofile: No such file or directory\n"
     assert not tmp_path.joinpath("CURRENT").exists()
+
+
+def test_history_of_several_runs_names_each_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for run_id in ("r1", "r2"):
+        run(capsys, tmp_path, "start", run_id, "--workflow", SPEC)
+    lines = run(capsys, tmp_path, "history").splitlines()
+    assert [line for line in lines if not line.startswith(" ")] == ["r1:", "r2:"]
+    assert "r1:" not in run(capsys, tmp_path, "history", "r1")
+
+
+def test_describe_says_a_run_whose_workflow_code_raises_is_failing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(capsys, tmp_path, "start", "r1", "--workflow", SPEC)
+    argv = ["signal", "r1", "go", "--id", "s1", "--data", str(tmp_path)]
+    assert main([*argv, "--app", "tests.cli.raising_app:runtime"]) == 0
+    assert capsys.readouterr().out == "r1: running\n"
+    assert main(["describe", "r1", "--data", str(tmp_path), "--app", APP]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("r1: ") and "bug in my workflow code" in first, first
