@@ -39,6 +39,7 @@ _COMMAND_MODULES = (
     "flowstream.cli.worker",
     "flowstream.cli.kafka",
     "flowstream.cli.audit",
+    "flowstream.cli.completion",
 )
 
 
