@@ -73,7 +73,19 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
+    _debug_everywhere(subparsers)
     return parser
+
+
+def _debug_everywhere(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``--debug`` after any command or verb too (it leaves the top level's default alone)."""
+    for command in subparsers.choices.values():
+        command.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+        )
+        for action in command._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _debug_everywhere(action)
 
 
 def _python() -> str:

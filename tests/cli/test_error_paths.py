@@ -177,9 +177,15 @@ def test_audit_with_no_broker_is_one_line() -> None:
 
 
 def test_debug_shows_the_traceback(store: Path) -> None:
-    done = flowstream("--debug", "status", "r1", "--data", str(store), "--app", "mywf")
-    assert done.returncode == 1
-    assert "Traceback" in done.stderr and "UsageError" in done.stderr
+    for debug in (["--debug", "status"], ["status", "--debug"]):
+        done = flowstream(*debug, "r1", "--data", str(store), "--app", "mywf")
+        assert done.returncode == 1
+        assert "Traceback" in done.stderr and "UsageError" in done.stderr
+    from flowstream.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["kafka", "status", "r", "--debug"]).debug is True
+    assert parser.parse_args(["kafka", "status", "r"]).debug is False
 
 
 def test_copying_a_store_keeps_it_readable(store: Path, tmp_path: Path) -> None:
