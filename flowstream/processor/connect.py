@@ -62,7 +62,11 @@ def connect_clients(processor: Processor) -> None:
     # The restorer reads partitions to their end: a fetch that finds nothing new (a partition a
     # transaction marker behind) returns at once rather than after 500 ms.
     processor.restorer.consumer = clients.new_consumer(
-        s.bootstrap, f"{s.group}-restore-unused", {"fetch.wait.max.ms": 10}
+        s.bootstrap,
+        f"{s.group}-restore-unused",
+        # A fetch that fails at first (a leader not known yet after an assignment) is tried
+        # again in 20 ms, not 500.
+        {"fetch.wait.max.ms": 10, "fetch.error.backoff.ms": 20},
     )
 
     def new_watermarks() -> Any:
