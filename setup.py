@@ -21,6 +21,9 @@ class BuildWithTopology(build_py):
         super().run()
         if TOPOLOGY.is_file():  # a tree copied without topology/ builds without it
             target = Path(self.build_lib) / "flowstream" / "topics.toml"
+            # An editable install builds into an empty directory (the package stays in the
+            # source tree, beside topology/): the copy needs its folder made.
+            target.parent.mkdir(parents=True, exist_ok=True)
             self.copy_file(str(TOPOLOGY), str(target))
 
 
