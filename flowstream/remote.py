@@ -9,13 +9,14 @@ events topic until the run has ended.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 from flowstream.client import FlowClient
 from flowstream.handles import Client
 from flowstream.model.base import JSON
-from flowstream.model.events import EventEnvelope
-from flowstream.model.snapshot import WorkflowRunSnapshot
+from flowstream.model.events import EventEnvelope, RunContinuedAsNew
+from flowstream.model.snapshot import RunStatus, WorkflowRunSnapshot
 from flowstream.model.spec import WorkflowSpec
 from flowstream.settings import Settings
 
@@ -55,8 +56,19 @@ class KafkaClient(Client):
         await self._call(lambda: self.flow_client.start(run_id, spec, input))
 
     async def _wait(self, run_id: str, timeout: float | None) -> WorkflowRunSnapshot:
-        wait = timeout if timeout is not None else _DEFAULT_WAIT
-        return await asyncio.to_thread(self.flow_client.wait, run_id, timeout=wait)
+        """The end of ``run_id``'s chain: a run that continued as new is followed to its
+        successor (named by its last event), as the embedded handle does."""
+        deadline = time.monotonic() + (timeout if timeout is not None else _DEFAULT_WAIT)
+        while True:
+            left = max(0.1, deadline - time.monotonic())
+            snapshot = await asyncio.to_thread(self.flow_client.wait, run_id, timeout=left)
+            if snapshot.status is not RunStatus.CONTINUED_AS_NEW:
+                return snapshot
+            history = await self._history(run_id)
+            last = history[-1].event if history else None
+            if not isinstance(last, RunContinuedAsNew):
+                return snapshot
+            run_id = last.successor_run_id
 
     async def _signal(self, run_id: str, name: str, payload: JSON, signal_id: str) -> None:
         await self._call(lambda: self.flow_client.signal(run_id, name, payload, id=signal_id))

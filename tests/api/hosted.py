@@ -34,3 +34,11 @@ async def errand(ctx: flowstream.Context, key: str) -> str:
 async def napper(ctx: flowstream.Context) -> str:
     await ctx.sleep(0.05)
     return await ctx.step(wobbly, "nap")
+
+
+@app.workflow
+async def counter(ctx: flowstream.Context, n: int) -> int:
+    """Continues as new until ``n`` is 3: a handle's result is the chain's last output."""
+    if n < 3:
+        ctx.continue_as_new(n + 1)
+    return n

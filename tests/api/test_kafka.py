@@ -59,6 +59,21 @@ def test_a_plain_code_workflow_runs_on_a_kafka_worker_through_a_handle(cluster: 
     assert report.ok and report.runs[0].decisions_checked >= 6
 
 
+def test_a_kafka_handle_follows_its_run_through_continue_as_new(cluster: Cluster) -> None:
+    cluster.start("api-chain", app="tests.api.hosted:app")
+    client = flowstream.KafkaClient(flow_client=cluster.client)
+
+    async def scenario() -> int:
+        handle = await client.start(hosted.counter, 0, id="counter-kafka-1")
+        return await handle.result(timeout=90)
+
+    try:
+        assert asyncio.run(scenario()) == 3  # three continuations, then the last run's output
+    except Exception:
+        print(cluster.logs())
+        raise
+
+
 def test_the_readme_workflow_runs_on_a_kafka_worker_up_to_its_hour(cluster: Cluster) -> None:
     cluster.start("api-shop", app="flowstream.examples.shop:app")
     client = flowstream.KafkaClient(flow_client=cluster.client)
