@@ -1,5 +1,5 @@
-"""``flowstream kafka start|wait|status|history|signal|hook|cancel|retry|outcome``: runs on a
-Kafka deployment.
+"""``flowstream kafka start|wait|status|history|list|describe|signal|hook|cancel|retry|outcome``:
+runs on a Kafka deployment.
 
 The embedded commands (``flowstream status``, ``signal``… of :mod:`flowstream.cli.local`) execute
 a run inside this process against a RocksDB directory. These *send* a command to the run's
@@ -23,6 +23,10 @@ meaning and other options (``--bootstrap``, ``--prefix``, ``--topology`` instead
 * ``retry`` asks the run's owner to drive it again now: after the code its workflow raised in
   was fixed and deployed, say (``applied``). A run that ended answers ``noop``; an unknown run
   is refused. ``wait`` on a run that does not exist says so at once (exit 1).
+* ``list`` and ``describe`` read the deployment's run index (``KafkaRunIndex``), a directory
+  kept current from the events topic: each call first reads what was committed since the last
+  (``--index-dir``, default one per deployment in the user's cache; ``--rebuild`` reads the
+  topic again from its start). The rows and their JSON are the embedded ``list``'s.
 * ``hook --token-stdin`` reads a hook token from standard input (without echo on a terminal) and
   resumes the hook by the token alone. No option takes a token and nothing prints one.
 * Standard output carries the answer (a confirmation, a snapshot, history lines, a run's output),
@@ -47,6 +51,14 @@ import orjson
 from pydantic import ValidationError
 
 from flowstream.cli import UsageError
+from flowstream.cli.inspect import (
+    DESCRIBE_JSON,
+    LIST_JSON,
+    add_index_arguments,
+    add_query_arguments,
+    kafka_describe,
+    kafka_list,
+)
 from flowstream.cli.options import JSON_FORMS, add_start_arguments, json_value
 from flowstream.client import FlowClient
 from flowstream.errors import CommandParkedError, FlowError, RunNotFoundError
@@ -216,6 +228,25 @@ def register(subparsers: Any) -> None:
 
     retry = add("retry", "drive a run again now (after a fix)", _retry, (CMD_CANCEL,))
     retry.add_argument("run_id")
+
+    listing = add(
+        "list",
+        "list the deployment's runs from its run index, newest update first",
+        kafka_list,
+        (EVENTS,),
+        reads=True,
+    )
+    add_query_arguments(listing)
+    add_index_arguments(listing, LIST_JSON)
+    describe = add(
+        "describe",
+        "say in one line what a run waits for, then list its pending work",
+        kafka_describe,
+        (EVENTS,),
+        reads=True,
+    )
+    describe.add_argument("run_id")
+    add_index_arguments(describe, DESCRIBE_JSON)
 
     outcome = add(
         "outcome",

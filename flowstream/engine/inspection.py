@@ -1,4 +1,9 @@
-"""``Inspection``: read-only views of the store's runs (snapshots, suspensions, a summary)."""
+"""``Inspection``: read-only views of the store's runs (snapshots, suspensions, a summary).
+
+The fleet views read the store's run index (``run_index()``, kept in the same writes as the
+events): ``summary`` reads its counters and ``list_open_suspensions`` the open suspensions it
+keeps per run, so neither reads a history. Views of named runs read their states.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from flowstream.engine.cycle import ReplayCycle
+from flowstream.index.rows import OpenItem, open_items
+from flowstream.index.table import SUSPENSION_COUNTERS, RunTable
 from flowstream.model.events import EventEnvelope
 from flowstream.model.snapshot import RunStatus, WorkflowRunSnapshot, WorkflowRunSummary
 
@@ -36,50 +43,32 @@ class Inspection(ReplayCycle):
     def list_runs(self) -> list[str]:
         return self.store.list_runs()
 
+    def run_index(self) -> RunTable:
+        """The store's run index: rows filtered and paged (``query``), ``get``, ``counts``."""
+        return self.store.run_index()
+
     def list_open_suspensions(
         self, now: datetime | None = None, *, run_ids: Iterable[str] | None = None
     ) -> list[Suspension]:
-        """Open waits, hooks, retries, signal waits and children of non-terminal runs (of
-        ``run_ids``, default every run)."""
-        found: list[Suspension] = []
-        for run_id in self.store.list_runs() if run_ids is None else run_ids:
-            state = self.store.state(run_id)
-            if state.is_terminal:
-                continue
-            for wait_id in sorted(state.open_waits):
-                found.append(Suspension(run_id, "wait", wait_id, state.waits[wait_id].resume_at))
-            for step_id in sorted(state.delayed_steps):
-                found.append(Suspension(run_id, "retry", step_id, state.steps[step_id].retry_after))
-            for hook_id in sorted(state.active_hooks):
-                found.append(Suspension(run_id, "hook", hook_id))
-            for queue in state.waiting_signal_waits.values():
-                for wait_id in queue:
-                    found.append(Suspension(run_id, "signal", wait_id))
-            for child_id in sorted(state.open_children):
-                found.append(Suspension(run_id, "child", child_id))
+        """Open waits, retries, hooks, signal waits and children of non-terminal runs (of
+        ``run_ids``, default every run), by run id."""
+        pairs: Iterable[tuple[str, tuple[OpenItem, ...]]]
+        if run_ids is None:
+            pairs = self.store.run_index().runs_with_open_items()
+        else:
+            pairs = ((run_id, open_items(self.store.state(run_id))) for run_id in run_ids)
+        found = [
+            Suspension(run_id, item.kind, item.subject_id, item.due)
+            for run_id, items in pairs
+            for item in items
+        ]
         if now is not None:
             found = [replace(s, is_due=s.due is not None and s.due <= now) for s in found]
         return found
 
     def summary(self) -> WorkflowRunSummary:
-        by_status: dict[RunStatus, int] = {}
-        counts = {
-            "open_waits": 0,
-            "active_hooks": 0,
-            "pending_retries": 0,
-            "open_children": 0,
-            "open_signal_waits": 0,
-        }
-        runs = self.store.list_runs()
-        for run_id in runs:
-            state = self.store.state(run_id)
-            status = state.public_status()
-            by_status[status] = by_status.get(status, 0) + 1
-            if state.is_terminal:
-                continue
-            counts["open_waits"] += len(state.open_waits)
-            counts["active_hooks"] += len(state.active_hooks)
-            counts["pending_retries"] += len(state.delayed_steps)
-            counts["open_children"] += len(state.open_children)
-            counts["open_signal_waits"] += sum(len(q) for q in state.waiting_signal_waits.values())
-        return WorkflowRunSummary(total_runs=len(runs), by_status=by_status, **counts)
+        """Runs by status and open suspensions by kind, from the run index's counters."""
+        totals = self.store.run_index().totals()
+        by_status = {status: totals[status.value] for status in RunStatus if totals[status.value]}
+        counts = {name: totals[name] for name in SUSPENSION_COUNTERS.values()}
+        return WorkflowRunSummary(total_runs=sum(by_status.values()), by_status=by_status, **counts)

@@ -22,6 +22,9 @@ Rules every store keeps (the conformance suite in ``tests/stores`` proves each o
    leaves it with its terminal one), so the liveness scan never reads finished histories.
 9. After ``await wait_durable()`` returns, every append made before the call survives a crash or a
    power loss (appends are atomic and ordered, so a lost tail is a prefix cut, never a hole).
+10. A store that keeps the run index (``run_index()``: a ``RunTable``) writes each append's row,
+    secondary keys and counters in the same atomic write as its events; a store that keeps none
+    answers ``run_index()`` with an index built from every run's state at the call.
 """
 
 from __future__ import annotations
@@ -36,11 +39,14 @@ from datetime import UTC, datetime
 
 from flowstream.errors import (
     EventConflictError,
+    FlowError,
     HookTokenConflictError,
     InvalidTransitionError,
     PayloadTooLargeError,
     RunNotFoundError,
 )
+from flowstream.index.rows import RunFacts, facts_of
+from flowstream.index.table import Change, MemoryKeyValues, RunTable, write_changes
 from flowstream.model.base import validate_run_id
 from flowstream.model.events import EventEnvelope, FlowEvent, HookCreated
 from flowstream.model.snapshot import HookStatus
@@ -51,6 +57,7 @@ __all__ = [
     "AppendResult",
     "EventStore",
     "IndexChanges",
+    "build_run_table",
     "new_event_id",
     "utc_now",
 ]
@@ -81,7 +88,7 @@ def new_event_id() -> str:
 class IndexChanges:
     """Index updates that ride in the same atomic write as an append."""
 
-    __slots__ = ("added_wakeups", "claimed_hooks", "removed_wakeups", "run_open")
+    __slots__ = ("added_wakeups", "claimed_hooks", "removed_wakeups", "run_index", "run_open")
 
     def __init__(self) -> None:
         self.added_wakeups: list[Wakeup] = []
@@ -89,6 +96,8 @@ class IndexChanges:
         self.claimed_hooks: list[tuple[str, str, str]] = []  # (digest, run_id, hook_id)
         #: The run joins the open-runs index (True), leaves it (False), or stays (None).
         self.run_open: bool | None = None
+        #: The run index's key changes (``RunTable.change``), for a store that keeps it.
+        self.run_index: list[Change] = []
 
 
 AppendResult = list[EventEnvelope]
@@ -102,6 +111,8 @@ class EventStore(ABC):
         self._lock = threading.RLock()
         self._states: dict[str, RunState] = {}
         self._listeners: list[Callable[[list[EventEnvelope]], None]] = []
+        #: The run index this store keeps in its appends' writes (rule 10), if any.
+        self._run_table: RunTable | None = None
 
     def add_listener(self, listener: Callable[[list[EventEnvelope]], None]) -> None:
         """Call ``listener`` with every batch of envelopes right after it commits."""
@@ -137,6 +148,10 @@ class EventStore(ABC):
             changes = IndexChanges()
             self._check_hook_claims(run_id, events, changes)
             before = [] if state is None else state.wakeups()
+            table = self._run_table
+            facts: RunFacts | None = None
+            if table is not None and state is not None:
+                facts = facts_of(state)
             try:
                 if state is None:
                     state = RunState.first(envelopes[0])
@@ -155,10 +170,14 @@ class EventStore(ABC):
                 changes.run_open = True
             changes.removed_wakeups = [w for w in before if w not in after]
             changes.added_wakeups = [w for w in after if w not in before]
+            if table is not None:
+                changes.run_index = table.change(facts, state)
             try:
                 self._persist(run_id, envelopes, encoded, changes)
             except BaseException:
                 self._states.pop(run_id, None)
+                if table is not None:
+                    table.reload()
                 raise
             self._remember(run_id, state)
             self._notify(envelopes)
@@ -184,6 +203,13 @@ class EventStore(ABC):
         """The (run id, hook id) that last claimed a token digest, if any."""
         with self._lock:
             return self._hook_owner(token_digest)
+
+    def run_index(self) -> RunTable:
+        """The run index (rule 10): the one this store keeps, else one built now from every
+        run's state (which costs a read of every history)."""
+        if self._run_table is not None:
+            return self._run_table
+        return build_run_table(self, MemoryKeyValues())
 
     @abstractmethod
     def list_runs(self) -> list[str]:
@@ -260,6 +286,17 @@ class EventStore(ABC):
             raise PayloadTooLargeError(envelope.run_id, len(data), MAX_EVENT_BYTES)
         return data
 
+    def _states_for_index(self) -> Iterable[RunState]:
+        """Every run's state, read without caching it; a run whose history does not validate
+        is left out (it reports its error when read)."""
+        for run_id in self.list_runs():
+            try:
+                history = self._load(run_id)
+                if history is not None:
+                    yield RunState.from_history(history)
+            except FlowError as exc:
+                LOG.warning("run %s is left out of the run index: %s", run_id, exc)
+
     def _check_hook_claims(
         self, run_id: str, events: Sequence[FlowEvent], changes: IndexChanges
     ) -> None:
@@ -279,3 +316,11 @@ class EventStore(ABC):
                 ):
                     raise HookTokenConflictError(run_id, owner_run, owner_hook)
             changes.claimed_hooks.append((event.token_digest, run_id, event.hook_id))
+
+
+def build_run_table(store: EventStore, kv: MemoryKeyValues) -> RunTable:
+    """A run index in ``kv`` built from every run of ``store``."""
+
+    table = RunTable(kv)
+    table.build(store._states_for_index(), lambda changes: write_changes(kv, changes))
+    return table

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 from datetime import datetime
 
+from flowstream.index.table import MemoryKeyValues, RunTable, write_changes
 from flowstream.model.events import EventEnvelope
 from flowstream.replay.state import Wakeup
 from flowstream.stores.base import Clock, EventStore, IndexChanges, utc_now
@@ -17,7 +18,7 @@ def _key(wakeup: Wakeup) -> tuple[datetime, str, str, str]:
 
 
 class MemoryEventStore(EventStore):
-    """Histories, the wakeup index and the hook-token index in dicts and a sorted list."""
+    """Histories, the wakeup, hook-token and run indexes in dicts and sorted lists."""
 
     def __init__(self, *, clock: Clock = utc_now) -> None:
         super().__init__(clock=clock)
@@ -25,6 +26,8 @@ class MemoryEventStore(EventStore):
         self._wakeups: list[tuple[datetime, str, str, str]] = []
         self._hooks: dict[str, tuple[str, str]] = {}
         self._open: list[str] = []  # sorted
+        self._index = MemoryKeyValues()
+        self._run_table = RunTable(self._index, lock=self._lock)
 
     def list_runs(self) -> list[str]:
         with self._lock:
@@ -64,6 +67,7 @@ class MemoryEventStore(EventStore):
             bisect.insort(self._wakeups, _key(wakeup))
         for digest, owner_run, hook_id in changes.claimed_hooks:
             self._hooks[digest] = (owner_run, hook_id)
+        write_changes(self._index, changes.run_index)
         if changes.run_open is not None:
             index = bisect.bisect_left(self._open, run_id)
             present = index < len(self._open) and self._open[index] == run_id

@@ -177,6 +177,8 @@ class PartitionStore(_Transactions, _Quarantine, TokenIndex, RocksDBEventStore):
     """State of partition ``partition``; appends are staged for the open transaction
     (``local_token_claims``: see ``TokenIndex``)."""
 
+    keeps_run_index = False
+
     def __init__(
         self,
         partition: int,

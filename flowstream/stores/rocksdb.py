@@ -9,6 +9,11 @@ Key layout (one RocksDB, raw bytes):
 ``o<run_id>``                   the run is not terminal (the open-runs index of the liveness scan)
 ``m/open_index``                the open-runs index is built (a store written before it existed
                                 gets it built once, from each run's last event, when opened)
+``v…``                          the run index: rows, keys by status, workflow and update time,
+                                open suspensions and counters (``flowstream.index.table``)
+``m/run_index``                 the run index is built (a store written before it existed gets it
+                                built once, from every history, when opened read-write; a
+                                read-only open of such a store builds it in memory)
 
 An append and every index change it causes go in one ``WriteBatch``. With ``sync="group"`` (the
 default) the appends made until the next ``wait_durable`` collect in one batch, written before
@@ -35,9 +40,17 @@ from flowstream.errors import (
     StoreLockedError,
     StoreNotFoundError,
 )
+from flowstream.index.table import (
+    BUILT_KEY,
+    PREFIX,
+    Change,
+    MemoryKeyValues,
+    RunTable,
+    write_changes,
+)
 from flowstream.model.events import EventEnvelope
 from flowstream.replay.state import RunState, Wakeup
-from flowstream.stores.base import Clock, EventStore, IndexChanges, utc_now
+from flowstream.stores.base import Clock, EventStore, IndexChanges, build_run_table, utc_now
 
 __all__ = ["TERMINAL_EVENTS", "RocksDBEventStore", "put_append", "wakeup_key"]
 
@@ -99,6 +112,7 @@ def put_append(
             batch.put(b"o" + run_key, b"")
         else:
             batch.delete(b"o" + run_key)
+    write_changes(batch, changes.run_index)
 
 
 class _Unknown:
@@ -130,8 +144,29 @@ def corrupt_store(path: Path, exc: Exception) -> Exception:
     return StoreCorruptError(f"the store at {path} is corrupt: {detail}")
 
 
+class _Reads:
+    """The store's database as the run index reads it (pending appends written first)."""
+
+    def __init__(self, store: RocksDBEventStore) -> None:
+        self._store = store
+
+    def get(self, key: bytes) -> bytes | None:
+        self._store._write_pending()
+        raw = self._store._db.get(key)
+        return None if raw is None else bytes(raw)
+
+    def scan(self, start: bytes) -> Iterator[tuple[bytes, bytes]]:
+        self._store._write_pending()
+        for key, value in self._store._db.items(from_key=start):
+            yield bytes(key), bytes(value)  # type: ignore[arg-type]  # raw mode yields bytes
+
+
 class RocksDBEventStore(EventStore):
     """Durable histories and indexes in a local RocksDB directory."""
+
+    #: Whether this store keeps the run index (the processor's partition stores do not: the
+    #: run index of a Kafka deployment follows the events topic).
+    keeps_run_index = True
 
     def __init__(
         self,
@@ -171,6 +206,8 @@ class RocksDBEventStore(EventStore):
         self._closed = False
         if not read_only and self._guard(lambda: self._db.get(_OPEN_INDEX_KEY)) is None:
             self._guard(self._build_open_index)
+        if self.keeps_run_index:
+            self._guard(lambda: self._open_run_index(read_only=read_only))
 
     def _open(self, options: Options, access: AccessType) -> Rdict:
         try:
@@ -228,6 +265,24 @@ class RocksDBEventStore(EventStore):
                 batch.put(b"o" + key[1:], b"")
         batch.put(_OPEN_INDEX_KEY, b"")
         self._db.write(batch, self._write_options)
+
+    def _open_run_index(self, *, read_only: bool) -> None:
+        """Keep the run index; build it first for a store written before it existed."""
+        if self._db.get(BUILT_KEY) is not None:
+            self._run_table = RunTable(_Reads(self), lock=self._lock)
+        elif read_only:
+            self._run_table = build_run_table(self, MemoryKeyValues())
+        else:
+            self._db.delete_range(PREFIX, bytes([PREFIX[0] + 1]))  # what a cut-off build left
+            self._run_table = RunTable(_Reads(self), lock=self._lock)
+
+            def write(changes: list[Change]) -> None:
+                batch = WriteBatch(raw_mode=True)
+                write_changes(batch, changes)
+                self._db.write(batch, self._write_options)
+
+            self._run_table.build(self._states_for_index(), write)
+            self._db.put(BUILT_KEY, b"1", self._write_options)
 
     def _event_type(self, raw: bytes) -> str:
         """The type of one stored event, read without validating it."""
@@ -306,6 +361,13 @@ class RocksDBEventStore(EventStore):
         if self._write_options.sync:
             self._synced = self._written
 
+    def _stage_put(self, key: bytes, value: bytes) -> None:
+        """Add one key to the next group-commit write (written with the appends staged with it)."""
+        with self._lock:
+            if self._pending is None:
+                self._pending = WriteBatch(raw_mode=True)
+            self._pending.put(key, value)
+
     def _write_pending(self) -> None:
         """Write the appends held for the next group commit (not yet fsynced). Under the
         store's lock: another thread may be appending to the batch."""
@@ -321,6 +383,8 @@ class RocksDBEventStore(EventStore):
                 # The cached projections are ahead of the disk: read every run from it again.
                 self._states.clear()
                 self._forget_earliest()
+                if self._run_table is not None:
+                    self._run_table.reload()
                 raise
 
     async def wait_durable(self) -> None:

@@ -30,7 +30,8 @@ def test_every_verb_is_there_with_the_connection_options() -> None:
     kafka = _subparser(build_parser(), "kafka")
     (verbs,) = [a for a in kafka._actions if isinstance(a, argparse._SubParsersAction)]
     assert set(verbs.choices) == {
-        "start", "wait", "status", "history", "signal", "hook", "cancel", "retry", "outcome"
+        "start", "wait", "status", "history", "list", "describe", "signal", "hook", "cancel",
+        "retry", "outcome",
     }  # fmt: skip
     for verb in verbs.choices.values():
         options = {o for a in verb._actions for o in a.option_strings}
@@ -54,3 +55,20 @@ def test_start_takes_the_spec_input_and_wait() -> None:
 def test_load_spec_defaults_to_the_spec_attribute() -> None:
     assert load_spec("flowstream.examples.order") is SPEC
     assert load_spec("flowstream.examples.order:SPEC") is SPEC
+
+
+def test_list_takes_the_filters_paging_and_index_directory() -> None:
+    args = build_parser().parse_args(
+        [
+            *("kafka", "list", "--status", "suspended", "--workflow", "order", "--json"),
+            *("--limit", "10", "--cursor", "abc", "--index-dir", "idx", "--rebuild"),
+        ]
+    )
+    assert (args.status, args.workflow, args.json, args.limit, args.cursor) == (
+        ["suspended"],
+        ["order"],
+        True,
+        10,
+        "abc",
+    )
+    assert str(args.index_dir) == "idx" and args.rebuild

@@ -44,22 +44,30 @@ def test_start_list_and_describe_on_the_embedded_store(
     run(capsys, tmp_path, "start", "r2", "--workflow", SPEC, "--input", f"@{payload}")
     run(capsys, tmp_path, "signal", "r2", "go", "--id", "s1", "--payload", f"@{payload}")
 
-    rows = orjson.loads(run(capsys, tmp_path, "list", "--json"))
+    page = orjson.loads(run(capsys, tmp_path, "list", "--json"))
+    rows = page["rows"]  # the most recently updated first
     assert [(r["run_id"], r["status"], r["workflow"]) for r in rows] == [
-        ("r1", "suspended", "stall"),
         ("r2", "completed", "stall"),
+        ("r1", "suspended", "stall"),
     ]
-    assert rows[1]["condition"] == "completed"
+    assert page["next_cursor"] is None
+    assert rows[0]["waiting_for"] is None and rows[1]["waiting_for"] == "signal go"
+    first = orjson.loads(run(capsys, tmp_path, "list", "--json", "--limit", "1"))
+    assert [r["run_id"] for r in first["rows"]] == ["r2"] and first["next_cursor"]
+    more = run(capsys, tmp_path, "list", "--limit", "1", "--cursor", first["next_cursor"])
+    assert more.startswith("r1 ") and len(more.splitlines()) == 1
     suspended = run(capsys, tmp_path, "list", "--status", "suspended").splitlines()
     assert len(suspended) == 1 and suspended[0].startswith("r1 ")
     assert run(capsys, tmp_path, "list", "--workflow", "other") == ""
     assert len(run(capsys, tmp_path, "list", "--workflow", "stall").splitlines()) == 2
 
     lines = run(capsys, tmp_path, "describe", "r1").splitlines()
-    assert lines[0] == f"r1: {rows[0]['condition']}"
-    assert lines[2:] == ["  signal w1"]
     described = orjson.loads(run(capsys, tmp_path, "describe", "r1", "--json"))
+    assert lines[0] == f"r1: {described['condition']}"
+    assert "signal 'go'" in described["condition"]
+    assert lines[2:] == ["  signal w1"]
     assert described["pending"] == [{"kind": "signal", "id": "w1"}]
+    assert described["waiting_for"] == "signal go" and described["status"] == "suspended"
     assert run(capsys, tmp_path, "describe", "r2").splitlines()[-1] == "  no pending work"
     err = run(capsys, tmp_path, "describe", "nope", code=1)
     assert err == "error: run nope does not exist\n"

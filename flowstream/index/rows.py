@@ -1,0 +1,227 @@
+"""What the run index holds: one ``RunRow`` per run, projected from the run's state alone.
+
+A row is a pure function of the run's history (``row_of`` reads a ``RunState``; nothing here
+asks the clock), so an index kept current event by event, one rebuilt from the events topic and
+one built from the store's histories hold the same rows. ``RunQuery`` filters by status,
+workflow and update time and pages with an opaque cursor; ``RunPage`` is one page, newest update
+first. ``RunIndex`` is what every index answers, whichever mode keeps it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Protocol, runtime_checkable
+
+from pydantic import Field, field_validator
+
+from flowstream.model.base import FrozenModel
+from flowstream.model.snapshot import RunStatus, StepStatus
+from flowstream.replay.state import RunState
+
+__all__ = [
+    "MAX_LIMIT",
+    "OpenItem",
+    "RunFacts",
+    "RunIndex",
+    "RunPage",
+    "RunQuery",
+    "RunRow",
+    "facts_of",
+    "last_error",
+    "open_items",
+    "row_of",
+    "waiting_for",
+]
+
+#: The largest page a query returns.
+MAX_LIMIT = 1000
+
+
+class RunRow(FrozenModel):
+    """One run as the index shows it."""
+
+    run_id: str
+    workflow: str
+    #: The public status (``suspended`` when running with an open wait, hook, retry or child).
+    status: RunStatus
+    #: The runtime build the run is pinned to (``None``: any build).
+    build: str | None = None
+    created_at: datetime
+    updated_at: datetime
+    #: What moves the run on, in one line ("signal approve", "timer until …", "hook h-1",
+    #: "child c-1", "step charge (attempt 2)"); ``None`` for an ended run, or one that waits on
+    #: nothing but its next decision.
+    waiting_for: str | None = None
+    last_error: str | None = None
+    #: The parent of a child run, or the predecessor of a continuation.
+    parent_run_id: str | None = None
+    #: The run this one continued as (status ``continued_as_new``).
+    continued_to: str | None = None
+    #: The sequence of its last event.
+    last_sequence: int = 0
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+class RunQuery(FrozenModel):
+    """Which runs to list: every filter given must hold (each set: any of its members)."""
+
+    status: frozenset[RunStatus] | None = None
+    workflow: frozenset[str] | None = None
+    #: Runs updated at or after this moment (a naive time is UTC).
+    updated_after: datetime | None = None
+    #: Runs updated before this moment.
+    updated_before: datetime | None = None
+    limit: int = Field(default=50, ge=1, le=MAX_LIMIT)
+    #: ``next_cursor`` of the previous page; the same filters must be given with it.
+    cursor: str | None = None
+
+    @field_validator("updated_after", "updated_before")
+    @classmethod
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        return _aware(value)
+
+
+class RunPage(FrozenModel):
+    """One page of a query, most recently updated first; ``next_cursor`` is ``None`` at the end."""
+
+    rows: tuple[RunRow, ...] = ()
+    next_cursor: str | None = None
+
+
+@runtime_checkable
+class RunIndex(Protocol):
+    """A view of every run: filtered pages, one run's row, and runs by status."""
+
+    def query(self, query: RunQuery) -> RunPage: ...
+
+    def get(self, run_id: str) -> RunRow | None: ...
+
+    def counts(self) -> dict[str, int]:
+        """Runs by public status; every status is named, with 0 when none has it."""
+        ...
+
+
+# -- the projection -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OpenItem:
+    """One open suspension of a run: a timer (``wait``), a delayed step ``retry``, a ``hook``,
+    a ``signal`` wait or a ``child``."""
+
+    kind: str
+    subject_id: str
+    due: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunFacts:
+    """What a run's index keys and counters derive from."""
+
+    status: RunStatus
+    updated_at: datetime
+    items: tuple[OpenItem, ...]
+
+
+def open_items(state: RunState) -> tuple[OpenItem, ...]:
+    """The open suspensions of a run that has not ended, in a stable order."""
+    if state.is_terminal:
+        return ()
+    found = [OpenItem("wait", w, state.waits[w].resume_at) for w in sorted(state.open_waits)]
+    found.extend(
+        OpenItem("retry", s, state.steps[s].retry_after) for s in sorted(state.delayed_steps)
+    )
+    found.extend(OpenItem("hook", h) for h in sorted(state.active_hooks))
+    for queue in state.waiting_signal_waits.values():
+        found.extend(OpenItem("signal", w) for w in queue)
+    found.extend(OpenItem("child", c) for c in sorted(state.open_children))
+    return tuple(found)
+
+
+def facts_of(state: RunState) -> RunFacts:
+    return RunFacts(state.public_status(), state.updated_at or state.created_at, open_items(state))
+
+
+def _stamp(moment: datetime) -> str:
+    return moment.isoformat(timespec="seconds")
+
+
+def _more(first: str, others: int) -> str:
+    return first if not others else f"{first} (+{others} more)"
+
+
+def waiting_for(state: RunState) -> str | None:
+    """What moves the run on, in one line (see ``RunRow.waiting_for``)."""
+    if state.is_terminal:
+        return None
+    if state.status is RunStatus.PENDING:
+        return "start"
+    failure = state.task_failure
+    if failure is not None:
+        if failure.retry_at is None:
+            return f"operator: workflow task failed (attempt {failure.attempt}), retries exhausted"
+        return f"workflow task retry at {_stamp(failure.retry_at)} (attempt {failure.attempt})"
+    running = sorted(s for s in state.active_steps if state.steps[s].status is StepStatus.RUNNING)
+    if running:
+        step = state.steps[running[0]]
+        return _more(f"step {step.step_id} (attempt {step.attempt})", len(running) - 1)
+    timed: list[tuple[datetime, str]] = [
+        (state.waits[w].resume_at, f"timer until {_stamp(state.waits[w].resume_at)}")
+        for w in state.open_waits
+    ]
+    for step_id in state.delayed_steps:
+        due = state.steps[step_id].retry_after
+        if due is not None:
+            timed.append((due, f"retry of step {step_id} at {_stamp(due)}"))
+    if timed:
+        timed.sort()
+        return _more(timed[0][1], len(timed) - 1)
+    inputs = [
+        f"signal {name}"
+        for name in sorted(state.waiting_signal_waits)
+        for _ in state.waiting_signal_waits[name]
+    ]
+    inputs.extend(f"hook {h}" for h in sorted(state.active_hooks))
+    inputs.extend(f"child {c}" for c in state.blocking_children)
+    if inputs:
+        return _more(inputs[0], len(inputs) - 1)
+    return None
+
+
+def last_error(state: RunState) -> str | None:
+    """The run's error; else its failing workflow task's; else the error of a step that has
+    not completed (the first by step id)."""
+    if state.error:
+        return state.error
+    failure = state.task_failure
+    if failure is not None:
+        return f"{failure.error_type}: {failure.message}".rstrip(": ")
+    for step_id in sorted(state.steps):
+        step = state.steps[step_id]
+        if step.error and step.status is not StepStatus.COMPLETED:
+            return step.error
+    return None
+
+
+def row_of(state: RunState) -> RunRow:
+    """The index row of a run, from its state."""
+    outcome = state.outcome
+    return RunRow(
+        run_id=state.run_id,
+        workflow=state.spec.name,
+        status=state.public_status(),
+        build=state.spec.runtime_build_id,
+        created_at=state.created_at,
+        updated_at=state.updated_at or state.created_at,
+        waiting_for=waiting_for(state),
+        last_error=last_error(state),
+        parent_run_id=None if state.parent is None else state.parent.run_id,
+        continued_to=None if outcome is None else outcome.successor_run_id,
+        last_sequence=state.last_sequence,
+    )

@@ -1,0 +1,359 @@
+"""``RunTable``: the run index as keys of an ordered key-value store, kept and queried.
+
+The store that keeps it (RocksDB, or a dict for the memory store) writes the table's changes in
+the same atomic write as the events they follow, so the index never disagrees with the
+histories. Keys (raw bytes, all under ``v``)::
+
+    vr<run_id>                                  the run's row (JSON)
+    vt<newest><run_id>                          every run, by update time
+    vs<status>\\0<newest><run_id>                by status, by update time
+    vw<len:2><workflow><status>\\0<newest><run_id>  by workflow and status, by update time
+    vp<run_id>                                  the run's open suspensions (JSON), while it has any
+    vc                                          counters: runs by status, open suspensions by kind
+
+``<newest>`` is 8 big-endian bytes that grow as the update time falls, so a forward scan meets
+the most recently updated run first; its bytes and the run id after them form the *sort key*
+that pages carry as their cursor. A query scans one key range per (workflow, status) pair it
+asks for and merges them by sort key: a page costs its rows, never the number of runs. The
+counters are absolute values, rewritten by each change (the writer holds them in memory), so
+``counts`` is one read.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import heapq
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+import orjson
+
+from flowstream.errors import FlowError
+from flowstream.index.rows import (
+    OpenItem,
+    RunFacts,
+    RunPage,
+    RunQuery,
+    RunRow,
+    facts_of,
+    row_of,
+)
+from flowstream.model.snapshot import RunStatus
+from flowstream.replay.state import RunState
+
+__all__ = [
+    "BUILT_KEY",
+    "SUSPENSION_COUNTERS",
+    "Change",
+    "KeyValues",
+    "MemoryKeyValues",
+    "RunTable",
+    "Writes",
+    "write_changes",
+]
+
+#: Marks a store whose run index is built (a store written before it existed gets it on open).
+BUILT_KEY = b"m/run_index"
+PREFIX = b"v"
+_ROW = b"vr"
+_BY_TIME = b"vt"
+_BY_STATUS = b"vs"
+_BY_WORKFLOW = b"vw"
+_OPEN = b"vp"
+_COUNTERS = b"vc"
+
+#: The summary's counter of each kind of open suspension.
+SUSPENSION_COUNTERS = {
+    "wait": "open_waits",
+    "hook": "active_hooks",
+    "retry": "pending_retries",
+    "child": "open_children",
+    "signal": "open_signal_waits",
+}
+_STATUSES = tuple(status.value for status in RunStatus)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_NEWEST = (1 << 64) - 1
+#: A change to one key: the new value, or ``None`` to delete it.
+Change = tuple[bytes, bytes | None]
+
+
+class KeyValues(Protocol):
+    """Ordered reads of the store that holds the table."""
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def scan(self, start: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Every key at or after ``start``, in order, with its value (the caller stops)."""
+        ...
+
+
+class Writes(Protocol):
+    """An atomic write the table's changes join."""
+
+    def put(self, key: bytes, value: bytes) -> None: ...
+
+    def delete(self, key: bytes) -> None: ...
+
+
+class MemoryKeyValues:
+    """A dict, with its keys sorted again when a scan follows a change (the memory store's)."""
+
+    def __init__(self) -> None:
+        self.data: dict[bytes, bytes] = {}
+        self._keys: list[bytes] | None = []
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.data.get(key)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        if key not in self.data:
+            self._keys = None
+        self.data[key] = value
+
+    def delete(self, key: bytes) -> None:
+        if self.data.pop(key, None) is not None:
+            self._keys = None
+
+    def scan(self, start: bytes) -> Iterator[tuple[bytes, bytes]]:
+        if self._keys is None:
+            self._keys = sorted(self.data)
+        keys = self._keys
+        lo, hi = 0, len(keys)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if keys[mid] < start:
+                lo = mid + 1
+            else:
+                hi = mid
+        for key in keys[lo:]:
+            value = self.data.get(key)
+            if value is not None:
+                yield key, value
+
+
+# -- keys ---------------------------------------------------------------------------------------
+
+
+def _newest(moment: datetime) -> bytes:
+    micros = (moment - _EPOCH) // timedelta(microseconds=1)
+    return (_NEWEST - micros).to_bytes(8, "big")
+
+
+def _workflow_prefix(workflow: str, status: str) -> bytes:
+    name = workflow.encode()
+    return _BY_WORKFLOW + len(name).to_bytes(2, "big") + name + status.encode() + b"\0"
+
+
+def _secondary(run_id: str, workflow: str, facts: RunFacts) -> list[bytes]:
+    sort_key = _newest(facts.updated_at) + run_id.encode()
+    status = facts.status.value
+    return [
+        _BY_TIME + sort_key,
+        _BY_STATUS + status.encode() + b"\0" + sort_key,
+        _workflow_prefix(workflow, status) + sort_key,
+    ]
+
+
+def _items_value(items: tuple[OpenItem, ...]) -> bytes:
+    return orjson.dumps(
+        [[i.kind, i.subject_id, None if i.due is None else i.due.isoformat()] for i in items]
+    )
+
+
+def _items_of(raw: bytes) -> tuple[OpenItem, ...]:
+    return tuple(
+        OpenItem(kind, subject, None if due is None else datetime.fromisoformat(due))
+        for kind, subject, due in orjson.loads(raw)
+    )
+
+
+def encode_cursor(sort_key: bytes) -> str:
+    return base64.urlsafe_b64encode(sort_key).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> bytes:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+    except (binascii.Error, ValueError):
+        raw = b""
+    if len(raw) < 9:
+        raise FlowError(f"invalid cursor {cursor!r}: pass a page's next_cursor unchanged")
+    return raw
+
+
+def write_changes(writes: Writes, changes: Iterable[Change]) -> None:
+    """Add the table's key changes to an atomic write."""
+    for key, value in changes:
+        if value is None:
+            writes.delete(key)
+        else:
+            writes.put(key, value)
+
+
+def _empty_counters() -> dict[str, int]:
+    counters = dict.fromkeys(_STATUSES, 0)
+    counters.update(dict.fromkeys(SUSPENSION_COUNTERS.values(), 0))
+    return counters
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+
+class RunTable:
+    """Keeps the run index in ``reader``'s store and answers ``RunIndex`` queries from it.
+
+    The writer calls ``change`` for each append (with the run's facts before it, ``None`` for
+    a new run) and writes what it returns in the append's atomic write; the counters it holds
+    follow each change, so after a failed write it calls ``reload``.
+    """
+
+    def __init__(
+        self, reader: KeyValues, *, lock: AbstractContextManager[object] | None = None
+    ) -> None:
+        self._reader = reader
+        self._lock: AbstractContextManager[object] = lock if lock is not None else nullcontext()
+        self._counters = self._read_counters()
+
+    def _read_counters(self) -> dict[str, int]:
+        counters = _empty_counters()
+        raw = self._reader.get(_COUNTERS)
+        if raw is not None:
+            counters.update(orjson.loads(raw))
+        return counters
+
+    def reload(self) -> None:
+        """Read the counters from the store again (a write the table counted failed)."""
+        with self._lock:
+            self._counters = self._read_counters()
+
+    # -- keeping it -----------------------------------------------------------------------
+
+    def change(self, before: RunFacts | None, state: RunState) -> list[Change]:
+        """The key changes that bring the run's entries from ``before`` to ``state``."""
+        after = facts_of(state)
+        row = row_of(state)
+        run_key = state.run_id.encode()
+        found: list[Change] = []
+        new_keys = _secondary(state.run_id, row.workflow, after)
+        if before is not None:
+            old_keys = _secondary(state.run_id, row.workflow, before)
+            found.extend((key, None) for key in old_keys if key not in new_keys)
+        found.extend((key, b"") for key in new_keys)
+        found.append((_ROW + run_key, row.model_dump_json().encode()))
+        if before is None or before.items != after.items:
+            found.append((_OPEN + run_key, _items_value(after.items) if after.items else None))
+        self._count(before, -1)
+        self._count(after, 1)
+        found.append((_COUNTERS, orjson.dumps(self._counters)))
+        return found
+
+    def _count(self, facts: RunFacts | None, sign: int) -> None:
+        if facts is None:
+            return
+        counters = self._counters
+        counters[facts.status.value] += sign
+        for item in facts.items:
+            counters[SUSPENSION_COUNTERS[item.kind]] += sign
+
+    def build(self, states: Iterable[RunState], write: Callable[[list[Change]], None]) -> int:
+        """Index every run of ``states`` from nothing (the table must be empty); hands the
+        changes to ``write`` in chunks, the counters with the last. Returns the runs indexed."""
+        self._counters = _empty_counters()
+        pending: list[Change] = []
+        runs = 0
+        for state in states:
+            pending.extend(self.change(None, state)[:-1])
+            runs += 1
+            if len(pending) >= 20_000:
+                write(pending)
+                pending = []
+        pending.append((_COUNTERS, orjson.dumps(self._counters)))
+        write(pending)
+        return runs
+
+    # -- reading it -----------------------------------------------------------------------
+
+    def get(self, run_id: str) -> RunRow | None:
+        with self._lock:
+            raw = self._reader.get(_ROW + run_id.encode())
+        return None if raw is None else RunRow.model_validate_json(raw)
+
+    def counts(self) -> dict[str, int]:
+        totals = self.totals()
+        return {status: totals[status] for status in _STATUSES}
+
+    def totals(self) -> dict[str, int]:
+        """Runs by status and open suspensions by counter name (``SUSPENSION_COUNTERS``)."""
+        with self._lock:
+            return self._read_counters()
+
+    def open_items(self, run_id: str) -> tuple[OpenItem, ...]:
+        """The open suspensions of one run (none for an ended or unknown run)."""
+        with self._lock:
+            raw = self._reader.get(_OPEN + run_id.encode())
+        return () if raw is None else _items_of(raw)
+
+    def runs_with_open_items(self) -> Iterator[tuple[str, tuple[OpenItem, ...]]]:
+        """Every run that has open suspensions, by run id, with them."""
+        after = _OPEN
+        while True:
+            with self._lock:
+                chunk = []
+                for key, value in self._reader.scan(after):
+                    if not key.startswith(_OPEN):
+                        break
+                    chunk.append((key, value))
+                    if len(chunk) >= 1000:
+                        break
+            for key, value in chunk:
+                yield key[len(_OPEN) :].decode(), _items_of(value)
+            if len(chunk) < 1000:
+                return
+            after = chunk[-1][0] + b"\0"
+
+    def query(self, query: RunQuery) -> RunPage:
+        """One page of the runs ``query`` selects, most recently updated first."""
+        start = b""
+        if query.updated_before is not None:
+            start = (int.from_bytes(_newest(query.updated_before), "big") + 1).to_bytes(8, "big")
+        if query.cursor is not None:
+            start = max(start, decode_cursor(query.cursor) + b"\0")
+        stop = None if query.updated_after is None else _newest(query.updated_after)
+        with self._lock:
+            streams = [self._stream(prefix, start, stop) for prefix in _prefixes(query)]
+            sort_keys: list[bytes] = []
+            for sort_key in heapq.merge(*streams):
+                sort_keys.append(sort_key)
+                if len(sort_keys) > query.limit:
+                    break
+            more = len(sort_keys) > query.limit
+            del sort_keys[query.limit :]
+            raws = [self._reader.get(_ROW + key[8:]) for key in sort_keys]
+        rows = tuple(RunRow.model_validate_json(raw) for raw in raws if raw is not None)
+        cursor = encode_cursor(sort_keys[-1]) if more else None
+        return RunPage(rows=rows, next_cursor=cursor)
+
+    def _stream(self, prefix: bytes, start: bytes, stop: bytes | None) -> Iterator[bytes]:
+        for key, _ in self._reader.scan(prefix + start):
+            if not key.startswith(prefix):
+                return
+            sort_key = key[len(prefix) :]
+            if stop is not None and sort_key[:8] > stop:
+                return
+            yield sort_key
+
+
+def _prefixes(query: RunQuery) -> list[bytes]:
+    statuses = sorted(query.status) if query.status is not None else None
+    if query.workflow is None:
+        if statuses is None:
+            return [_BY_TIME]
+        return [_BY_STATUS + s.value.encode() + b"\0" for s in statuses]
+    return [
+        _workflow_prefix(workflow, status)
+        for workflow in sorted(query.workflow)
+        for status in (_STATUSES if statuses is None else [s.value for s in statuses])
+    ]
