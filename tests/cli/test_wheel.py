@@ -45,6 +45,12 @@ def test_the_wheel_installs_and_runs_kafka_commands(kafka_bootstrap: str, tmp_pa
     (wheel,) = dist.glob("flowstream-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         assert "flowstream/topics.toml" in archive.namelist()
+        # the web console the gateway serves, as package data
+        assert {"index.html", "app.js", "console.css"} <= {
+            name.rsplit("/", 1)[-1]
+            for name in archive.namelist()
+            if name.startswith("flowstream/gateway/console/")
+        }
         shipped = archive.read("flowstream/topics.toml")
     assert shipped == (ROOT / "topology" / "topics.toml").read_bytes()
 
