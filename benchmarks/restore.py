@@ -78,8 +78,9 @@ async def fill(prefix: str, events: int, state_root: Path, in_flight: int) -> di
     return {"runs": runs, "events": counted["events"], "fill_s": round(elapsed, 1)}
 
 
-def fresh_start(prefix: str, name: str) -> tuple[float, dict[str, float]]:
-    """Seconds from spawning a fresh worker (empty state dir) until all partitions are active."""
+def fresh_start(prefix: str, name: str, partitions: int = 8) -> tuple[float, dict[str, float]]:
+    """Seconds from spawning a fresh worker (empty state dir) until all ``partitions`` are
+    active."""
     state_root = Path(tempfile.mkdtemp(prefix=f"{prefix}-{name}-"))
     began = time.monotonic()
     worker = harness.Worker(name, prefix=prefix, state_root=state_root)
@@ -88,7 +89,7 @@ def fresh_start(prefix: str, name: str) -> tuple[float, dict[str, float]]:
             if worker.process.poll() is not None:
                 raise SystemExit(f"worker {name} exited:\n{worker.output()[-3000:]}")
             metrics = worker.metrics()
-            if metrics.get("flowstream_owned_partitions", 0) >= 8:
+            if metrics.get("flowstream_owned_partitions", 0) >= partitions:
                 metrics["worker_cpu_s"] = harness.cpu_seconds(worker.pid)
                 return time.monotonic() - began, metrics
             if time.monotonic() - began > 600:

@@ -60,6 +60,7 @@ from flowstream.cli.inspect import (
     kafka_list,
 )
 from flowstream.cli.options import JSON_FORMS, add_start_arguments, json_value
+from flowstream.cli.repartition import register as register_repartition
 from flowstream.client import FlowClient
 from flowstream.errors import CommandParkedError, FlowError, RunNotFoundError
 from flowstream.kafka import clients
@@ -257,6 +258,7 @@ def register(subparsers: Any) -> None:
     )
     outcome.add_argument("command_id")
     outcome.add_argument("--run", dest="run_id", required=True, help="the run it addressed")
+    register_repartition(verbs, common)
 
 
 # -- plumbing -----------------------------------------------------------------------------

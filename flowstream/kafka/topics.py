@@ -1,15 +1,19 @@
 """Create the declared topics that are missing and verify the ones that exist.
 
 ``apply`` creates what is missing (waiting until every partition has a leader), then verifies
-everything; ``verify`` only checks. A topic that exists with another partition count or cleanup
-policy than declared is an error naming the topic: run-keyed topics cannot be repartitioned in
-place, because :func:`flowstream.partitioning.partition_for` would move runs to other partitions.
+everything; ``verify`` only checks. Both take ``suffixes`` to handle some of the declared topics
+only (a repartition creates the events and outcomes topics before the command topics). A topic
+that exists with another partition count or cleanup policy than declared is an error naming the
+topic: run-keyed topics cannot be repartitioned in place, because
+:func:`flowstream.partitioning.partition_for` would move runs to other partitions. A deployment
+moves to another count under a new prefix instead (``flowstream kafka repartition``,
+:mod:`flowstream.repartition`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from flowstream.kafka.clients import (
@@ -44,12 +48,18 @@ def apply(
     prefix: str | None = None,
     replication_factor: int | None = None,
     timeout: float = 30.0,
+    suffixes: Collection[str] | None = None,
 ) -> list[TopicState]:
-    """Create missing topics (``replication_factor`` overrides the declared one), verify all."""
+    """Create missing topics (``replication_factor`` overrides the declared one), verify all
+    (of ``suffixes``, when given)."""
     client = new_admin(admin) if isinstance(admin, str) else admin
-    names = _names(topology, prefix)
+    names = _names(topology, prefix, suffixes)
     metadata = client.list_topics(timeout=timeout)
-    missing = [spec for spec in topology.topics if names[spec.suffix] not in metadata.topics]
+    missing = [
+        spec
+        for spec in topology.topics
+        if spec.suffix in names and names[spec.suffix] not in metadata.topics
+    ]
     brokers = len(metadata.brokers)
     for spec in missing:
         replicas = replication_factor or spec.replication_factor
@@ -76,15 +86,26 @@ def verify(
     *,
     prefix: str | None = None,
     timeout: float = 30.0,
+    suffixes: Collection[str] | None = None,
 ) -> list[TopicState]:
-    """Check that every declared topic exists as declared; raise :class:`TopologyError` if not."""
+    """Check that every declared topic (of ``suffixes``, when given) exists as declared; raise
+    :class:`TopologyError` if not."""
     client = new_admin(admin) if isinstance(admin, str) else admin
     metadata = client.list_topics(timeout=timeout)
-    return _check(client, metadata, topology, _names(topology, prefix), set(), timeout)
+    names = _names(topology, prefix, suffixes)
+    return _check(client, metadata, topology, names, set(), timeout)
 
 
-def _names(topology: Topology, prefix: str | None) -> dict[str, str]:
-    return topology.names(prefix)
+def _names(
+    topology: Topology, prefix: str | None, suffixes: Collection[str] | None = None
+) -> dict[str, str]:
+    names = topology.names(prefix)
+    if suffixes is None:
+        return names
+    unknown = sorted(set(suffixes) - names.keys())
+    if unknown:
+        raise TopologyError(f"no topic {', '.join(map(repr, unknown))} in the topology")
+    return {suffix: name for suffix, name in names.items() if suffix in suffixes}
 
 
 def _create(
@@ -155,6 +176,8 @@ def _check(
     present: list[tuple[str, TopicSpec]] = []
     missing: list[str] = []
     for spec in topology.topics:
+        if spec.suffix not in names:
+            continue
         name = names[spec.suffix]
         topic = metadata.topics.get(name)
         if topic is None:
@@ -164,8 +187,8 @@ def _check(
         if count != spec.partitions:
             problems.append(
                 f"topic {name} has {count} partitions but the topology declares "
-                f"{spec.partitions}; partition counts cannot change in place (use a new prefix "
-                "and migrate)"
+                f"{spec.partitions}; partition counts cannot change in place (move the "
+                "deployment to a new prefix with `flowstream kafka repartition`)"
             )
         present.append((name, spec))
         states.append(TopicState(spec.suffix, name, count, name in created))
