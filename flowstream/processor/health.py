@@ -1,11 +1,16 @@
 """``/healthz`` of a processor: asked on its event loop, so a loop that no longer turns is
 reported as such, and the state it reads is never read while the loop changes it.
 
-Healthy means: the loop answers within the timeout, the consumer is a member of the group, no
-assigned partition is still restoring, no transactional producer holds a fatal error (fenced) and
-no transactional call hangs. A producer given up with its partitions is made again when the next
-transaction needs it, so a member without one is healthy, as is a member that owns no partitions
+Healthy means: the processor is connected (its transactional producers are made and its
+consumer subscribed), the loop answers within the timeout, the consumer is a member of the group,
+no assigned partition is still restoring, every transactional producer is usable (none holds a
+fatal error, as a fenced one does; none failed to be made) and no transactional call hangs. A
+producer given up with its partitions is made again when the next transaction needs it (ahead of
+need, on a lane), so a member without one is healthy, as is a member that owns no partitions
 (more members than partitions).
+
+While the processor connects, its loop is busy with the blocking calls that connect it, so that
+phase is answered from the calling thread without asking the loop.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ class HealthCheck:
         loop = self._loop
         if loop is None or loop.is_closed():
             return False, {"status": "unavailable", "problems": ["the processor is not running"]}
+        if self.processor.consumer is None:
+            return False, self._connecting()
         answer: concurrent.futures.Future[tuple[bool, dict[str, Any]]] = concurrent.futures.Future()
 
         def probe() -> None:
@@ -68,9 +75,13 @@ class HealthCheck:
         restoring = sorted(task.partition for task in processor.tasks.restoring())
         if restoring:
             problems.append(f"partitions {restoring} are still restoring")
-        fenced = [s.index for s in processor.pipeline.slots if s.error and is_fatal(s.error)]
+        producers = [_producer_state(slot) for slot in processor.pipeline.slots]
+        fenced = [i for i, state in enumerate(producers) if state == "fenced"]
         if fenced:
             problems.append(f"transactional producer {fenced} has a fatal error (fenced)")
+        failed = [i for i, state in enumerate(producers) if state.startswith("failed")]
+        if failed:
+            problems.append(f"transactional producer {failed} could not be made")
         if processor.pipeline.stuck():
             problems.append("a transactional call hangs (the producer is being given up)")
         report = {
@@ -79,9 +90,44 @@ class HealthCheck:
             "member_id": member,
             "owned_partitions": owned,
             "restoring_partitions": restoring,
+            "producers": producers,
             "problems": problems,
         }
         return not problems, report
+
+    def _connecting(self) -> dict[str, Any]:
+        """The report while the processor connects (read without its loop)."""
+        producers = [_producer_state(slot) for slot in self.processor.pipeline.slots]
+        made = sum(state == "ready" for state in producers)
+        if made < len(producers):
+            problem = f"connecting: {made} of {len(producers)} transactional producers are made"
+        else:
+            problem = "connecting: the consumer has not subscribed yet"
+        return {
+            "status": "starting",
+            "instance_id": self.processor.settings.instance_id,
+            "member_id": None,
+            "owned_partitions": [],
+            "restoring_partitions": [],
+            "producers": producers,
+            "problems": [problem],
+        }
+
+
+def _producer_state(slot: Any) -> str:
+    """``ready``, ``fenced``, ``being made``, ``made when needed`` or ``failed: <why>``."""
+    if slot.error is not None and is_fatal(slot.error):
+        return "fenced"
+    if slot.producer is not None:
+        return "ready"
+    prepared = getattr(slot, "prepared", None)
+    if prepared is None:
+        return "made when needed"
+    future = prepared[1]
+    if not future.done():
+        return "being made"
+    error = future.exception()
+    return "made when needed" if error is None else f"failed: {error}"
 
 
 def _member_id(consumer: Any) -> str | None:

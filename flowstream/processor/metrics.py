@@ -1,24 +1,49 @@
-"""Prometheus metrics of one processor, in a registry of its own (several may share a process)."""
+"""Prometheus metrics of one processor, in a registry of its own (several may share a process).
+
+No ``*_created`` series: prometheus_client's creation-time gauges are turned off for the process
+(they were a third of the page and say nothing a scrape's own time does not).
+
+Label cardinality is bounded: ``step`` takes a step's name, which workflow code chooses (step ids
+may be per item; names are the handlers), and the first ``MAX_STEP_NAMES`` names seen get their
+own series, truncated to ``MAX_STEP_NAME_CHARS``; any later name is counted under ``_other``.
+"""
 
 from __future__ import annotations
 
 import json
+import platform
 import socket
 import threading
 from collections.abc import Callable, Iterable
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from wsgiref.types import StartResponse, WSGIEnvironment
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    make_wsgi_app,
+)
 from prometheus_client.exposition import ThreadingWSGIServer
 
-__all__ = ["Health", "ProcessorMetrics"]
+__all__ = ["MAX_STEP_NAMES", "MAX_STEP_NAME_CHARS", "OTHER_STEPS", "Health", "ProcessorMetrics"]
+
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 #: ``/healthz``: whether the processor is healthy, and a report saying why (JSON).
 Health = Callable[[], tuple[bool, dict[str, Any]]]
 
 _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+#: Step handlers run from milliseconds (a lookup) to minutes (a report).
+_STEP_SECONDS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+#: Step names with a series of their own; later names share ``OTHER_STEPS``.
+MAX_STEP_NAMES = 100
+MAX_STEP_NAME_CHARS = 64
+OTHER_STEPS = "_other"
 
 
 class ProcessorMetrics:
@@ -121,12 +146,49 @@ class ProcessorMetrics:
         self.owned_partitions = Gauge(
             "flowstream_owned_partitions", "Partitions owned and active", registry=r
         )
+        self.step_seconds = Histogram(
+            "flowstream_step_duration_seconds",
+            f"Time a step handler ran, by step name (the first {MAX_STEP_NAMES} names; "
+            f"later ones as {OTHER_STEPS})",
+            ["step"],
+            buckets=_STEP_SECONDS,
+            registry=r,
+        )
+        self._step_names: set[str] = set()
+        self._step_lock = threading.Lock()
+        self.build_info = Gauge(
+            "flowstream_build_info",
+            "flowstream's version, the Python it runs on and the runtime builds served (1)",
+            ["version", "python", "builds"],
+            registry=r,
+        )
         self.restore_seconds = Histogram(
             "flowstream_restore_seconds",
             "Time to restore a partition before its first decision",
             buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120),
             registry=r,
         )
+
+    def observe_step(self, name: str, seconds: float) -> None:
+        """One step attempt's handler time, under its bounded name label."""
+        label = name[:MAX_STEP_NAME_CHARS]
+        if label not in self._step_names:
+            with self._step_lock:  # steps finish on several threads
+                if label not in self._step_names:
+                    if len(self._step_names) >= MAX_STEP_NAMES:
+                        label = OTHER_STEPS
+                    else:
+                        self._step_names.add(label)
+        self.step_seconds.labels(step=label).observe(seconds)
+
+    def set_build(self, builds: Iterable[str | None]) -> None:
+        """``flowstream_build_info``: ``builds`` are the runtime builds served (``None``: the
+        runtime of unpinned runs)."""
+        served = ",".join(sorted(b or "unpinned" for b in builds))
+        self.build_info.clear()
+        self.build_info.labels(
+            version=_version(), python=platform.python_version(), builds=served
+        ).set(1)
 
     def serve(
         self, port: int, host: str = "127.0.0.1", *, health: Health | None = None
@@ -152,6 +214,13 @@ class ProcessorMetrics:
         server: WSGIServer = make_server(host, port, app, server_class, handler_class=_QuietHandler)
         threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
         return server
+
+
+def _version() -> str:
+    try:
+        return version("flowstream")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown"
 
 
 class _QuietHandler(WSGIRequestHandler):

@@ -122,6 +122,7 @@ class StepRunner:
                     return
                 self.handling.add(key)
                 runtime = task.engine.runtimes[state.spec.runtime_build_id]
+                began = time.perf_counter()
                 outcome = await call_step(
                     runtime,
                     state,
@@ -144,6 +145,7 @@ class StepRunner:
         if outcome is None:
             self._not_started(task, item, key)
             return
+        self.ctx.metrics.observe_step(state.steps[step_id].step_name, time.perf_counter() - began)
         self.results.append((task, run_id, step_id, attempt, outcome))
 
     def _not_started(

@@ -37,6 +37,7 @@ from flowstream.processor.commands import CommandHandler
 from flowstream.processor.connect import connect_clients
 from flowstream.processor.context import Context
 from flowstream.processor.deadletters import DeadLetters
+from flowstream.processor.gauges import ProcessorGauges
 from flowstream.processor.lane import Lane
 from flowstream.processor.metrics import ProcessorMetrics
 from flowstream.processor.partitions import PartitionHost
@@ -88,6 +89,8 @@ class Processor:
         self.settings = settings
         self.runtimes = dict(runtimes)
         self.metrics = metrics or ProcessorMetrics()
+        self.metrics.registry.register(ProcessorGauges(self))
+        self.metrics.set_build(self.runtimes)
         ctx = self.ctx = Context(settings, topology or load_topology(), self.metrics, clock)
         self.dead_letters = DeadLetters(ctx)
         self.boundary = FailureBoundary(ctx, self.dead_letters)

@@ -88,7 +88,14 @@ def new_event_id() -> str:
 class IndexChanges:
     """Index updates that ride in the same atomic write as an append."""
 
-    __slots__ = ("added_wakeups", "claimed_hooks", "removed_wakeups", "run_index", "run_open")
+    __slots__ = (
+        "added_wakeups",
+        "claimed_hooks",
+        "removed_wakeups",
+        "run_index",
+        "run_open",
+        "status",
+    )
 
     def __init__(self) -> None:
         self.added_wakeups: list[Wakeup] = []
@@ -98,6 +105,9 @@ class IndexChanges:
         self.run_open: bool | None = None
         #: The run index's key changes (``RunTable.change``), for a store that keeps it.
         self.run_index: list[Change] = []
+        #: The run's public status before the append (``None``: a new run) and after it, when
+        #: the append changed it (a partition store counts runs by status with it).
+        self.status: tuple[str | None, str] | None = None
 
 
 AppendResult = list[EventEnvelope]
@@ -152,6 +162,7 @@ class EventStore(ABC):
             facts: RunFacts | None = None
             if table is not None and state is not None:
                 facts = facts_of(state)
+            was = None if state is None else state.public_status().value
             try:
                 if state is None:
                     state = RunState.first(envelopes[0])
@@ -172,6 +183,9 @@ class EventStore(ABC):
             changes.added_wakeups = [w for w in after if w not in before]
             if table is not None:
                 changes.run_index = table.change(facts, state)
+            status = state.public_status().value
+            if status != was:
+                changes.status = (was, status)
             try:
                 self._persist(run_id, envelopes, encoded, changes)
             except BaseException:

@@ -18,6 +18,7 @@ Extra keys beside the ``RocksDBEventStore`` layout:
                                    ``RocksDBEventStore``; restore keeps it as well)
 ``q<run_id>``                      the run is quarantined: its history cannot be read completely
                                    (the value says why); it is never advanced
+``m/status/<status>``              how many runs are in that status (``statuses``)
 
 Restore is the one path that takes events without building them: records on the events topic
 were validated by the processor that wrote them, so ``restore_event`` reads only the run id,
@@ -30,6 +31,7 @@ history is still fully decoded and validated whenever it is read (``_load``).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -44,12 +46,14 @@ from flowstream.model.snapshot import StepStatus
 from flowstream.replay.decide import is_suspended
 from flowstream.replay.state import RunState
 from flowstream.stores.base import MAX_EVENT_BYTES, Clock, IndexChanges, utc_now
+from flowstream.stores.quarantine import Quarantine
 from flowstream.stores.rocksdb import (
     TERMINAL_EVENTS,
     RocksDBEventStore,
     put_append,
     wakeup_key,
 )
+from flowstream.stores.statuses import PROVISIONAL, TERMINAL_STATUS, StatusIndex
 from flowstream.stores.tokens import Owner, TokenIndex
 
 __all__ = ["PartitionStore"]
@@ -92,63 +96,22 @@ _RESTORED_KEPT = 100_000
 
 class _Restored:
     """A run restored without a projection: its last sequence and event type (``None`` when
-    only known to be unfinished), and whether RocksDB holds its u-mark."""
+    only known to be unfinished), whether RocksDB holds its u-mark, and the status it counts
+    under in the committed counts (``None``: not counted yet)."""
 
-    __slots__ = ("kind", "last", "marked")
+    __slots__ = ("counted", "kind", "last", "marked")
 
     def __init__(self, last: int, kind: str | None, marked: bool) -> None:
         self.last = last
         self.kind = kind
         self.marked = marked
+        self.counted: str | None = PROVISIONAL if marked else None
 
 
 def _has_running_step(state: RunState) -> bool:
     return not state.is_terminal and any(
         state.steps[s].status is StepStatus.RUNNING for s in state.active_steps
     )
-
-
-class _Quarantine:
-    """The store's own metadata, and the runs it must never advance."""
-
-    _db: Any
-    _write_options: Any
-    _quarantined: dict[str, str]
-    _restored: dict[str, _Restored]
-    _restaged: set[str]
-    _states: dict[str, RunState]
-
-    def _stage(self) -> WriteBatch:
-        raise NotImplementedError
-
-    def meta(self, name: str) -> bytes | None:
-        """A value of the store's own metadata (``m/<name>``)."""
-        raw = self._db.get(b"m/" + name.encode())
-        return None if raw is None else bytes(raw)
-
-    def set_meta(self, name: str, value: bytes) -> None:
-        self._db.put(b"m/" + name.encode(), value, self._write_options)
-
-    def quarantine(self, run_id: str, reason: str) -> None:
-        """Never advance ``run_id`` again: a record of its history cannot be read. Its later
-        records are skipped by the restore; the reason stays in RocksDB."""
-        key = run_id.encode()
-        batch = self._stage()
-        batch.put(b"q" + key, reason.encode())
-        batch.delete(b"x" + key)
-        batch.delete(b"u" + key)
-        self._quarantined[run_id] = reason
-        self._restored.pop(run_id, None)
-        self._restaged.discard(run_id)
-        self._states.pop(run_id, None)
-
-    def quarantined(self, run_id: str) -> str | None:
-        """Why ``run_id`` is quarantined, or ``None``."""
-        return self._quarantined.get(run_id)
-
-    @property
-    def quarantined_count(self) -> int:
-        return len(self._quarantined)
 
 
 class _Transactions:
@@ -173,7 +136,7 @@ class _Transactions:
         return self._open_since.get(run_id)
 
 
-class PartitionStore(_Transactions, _Quarantine, TokenIndex, RocksDBEventStore):
+class PartitionStore(_Transactions, Quarantine, StatusIndex, TokenIndex, RocksDBEventStore):
     """State of partition ``partition``; appends are staged for the open transaction
     (``local_token_claims``: see ``TokenIndex``)."""
 
@@ -208,7 +171,7 @@ class PartitionStore(_Transactions, _Quarantine, TokenIndex, RocksDBEventStore):
         # How many commands wait in the inbox, so the common case (none) costs no scan.
         self._parked_count = sum(1 for _ in self._scan(b"i"))
         # Runs restored without a projection, and those of them in the staged batch.
-        self._restored: dict[str, _Restored] = self._unindexed_runs()
+        self._restored: dict[str, _Restored] = _unindexed_runs(self._scan(b"u"), self._db)
         self._event_head = codec.default_codec().event_head
         self._restaged: set[str] = set()
         #: Runs the last ``finish_restore`` found waiting on nothing: only a decision moves them
@@ -217,6 +180,7 @@ class PartitionStore(_Transactions, _Quarantine, TokenIndex, RocksDBEventStore):
         self._quarantined = {
             key[1:].decode(): bytes(value).decode() for key, value in self._scan(b"q")
         }
+        self._statuses = self._open_statuses(WriteBatch(raw_mode=True))
 
     # -- encoding: Avro single-object, the same bytes as on the events topic --------------------
 
@@ -269,6 +233,8 @@ class PartitionStore(_Transactions, _Quarantine, TokenIndex, RocksDBEventStore):
         batch = self._stage()
         run_key = run_id.encode()
         put_append(batch, run_id, envelopes, encoded, changes)
+        if changes.status is not None:
+            self._statuses.move(*changes.status)
         if changes.added_wakeups or changes.removed_wakeups:
             self._staged_wakeups = True
         for digest, owner_run, hook_id in changes.claimed_hooks:
@@ -298,6 +264,7 @@ class PartitionStore(_Transactions, _Quarantine, TokenIndex, RocksDBEventStore):
         self._staged_runs = set()
         self._sealed_wakeups = self._staged_wakeups
         self._staged_wakeups = False
+        self._statuses.seal()
         self._sealed_overlays = (
             dict(self._staged_hooks),
             dict(self._staged_inbox),
@@ -308,6 +275,7 @@ class PartitionStore(_Transactions, _Quarantine, TokenIndex, RocksDBEventStore):
         """After the sealed transaction committed: write its batch with the events offset."""
         batch = self._sealed if self._sealed is not None else WriteBatch(raw_mode=True)
         self._sealed = None
+        self._statuses.commit_sealed(batch)
         self._write(batch, events_offset, wakeups_changed=self._sealed_wakeups)
         hooks, inbox, tokens = self._sealed_overlays
         _drop_sealed(self._staged_hooks, hooks)
@@ -324,6 +292,7 @@ class PartitionStore(_Transactions, _Quarantine, TokenIndex, RocksDBEventStore):
         batch = self._stage()
         if self._restaged:
             self._stage_restored(batch)
+        self._statuses.commit_staged(batch)
         self._batch = None
         self._open_since = {}
         self._write(batch, events_offset, wakeups_changed=self._staged_wakeups)
@@ -351,9 +320,10 @@ class PartitionStore(_Transactions, _Quarantine, TokenIndex, RocksDBEventStore):
         self._sealed = None
         self._open_since = {}
         self._staged_wakeups = self._sealed_wakeups = False
+        self._statuses.discard()
         if self._restaged:
             self._restaged.clear()
-            self._restored = self._unindexed_runs()
+            self._restored = _unindexed_runs(self._scan(b"u"), self._db)
         self._parked_count = sum(1 for _ in self._scan(b"i"))
         for run_id in self._staged_runs | self._sealed_runs:
             self._states.pop(run_id, None)
@@ -442,6 +412,7 @@ class PartitionStore(_Transactions, _Quarantine, TokenIndex, RocksDBEventStore):
         # index work.
         timed = state is not None and kind in _WAKEUP_EVENTS
         before = state.wakeups() if timed and state is not None else []
+        was = None if state is None else state.public_status().value
         if state is None:
             state = RunState.first(envelope)
             self._remember(envelope.run_id, state)
@@ -450,6 +421,7 @@ class PartitionStore(_Transactions, _Quarantine, TokenIndex, RocksDBEventStore):
             state.apply(envelope)
         if state.is_terminal:
             changes.run_open = False
+        changes.status = (was, state.public_status().value)
         if isinstance(envelope.event, HookCreated):
             changes.claimed_hooks.append(
                 (envelope.event.token_digest, envelope.run_id, envelope.event.hook_id)
@@ -470,6 +442,9 @@ class PartitionStore(_Transactions, _Quarantine, TokenIndex, RocksDBEventStore):
             key = run_id.encode()
             batch.put(b"r" + key, held.last.to_bytes(8, "big"))
             self._states.pop(run_id, None)  # a read during the restore cached less
+            counted = TERMINAL_STATUS.get(held.kind or "", PROVISIONAL)
+            self._statuses.move(held.counted, counted)
+            held.counted = counted
             if held.kind in TERMINAL_EVENTS:
                 batch.delete(b"o" + key)
                 if held.marked:
@@ -485,15 +460,6 @@ class PartitionStore(_Transactions, _Quarantine, TokenIndex, RocksDBEventStore):
             # Finished runs are in RocksDB now; a later record of one takes the slow path.
             self._restored = {r: h for r, h in self._restored.items() if h.marked}
 
-    def _unindexed_runs(self) -> dict[str, _Restored]:
-        """The u-marked runs (a restore was interrupted after committing some of them)."""
-        found: dict[str, _Restored] = {}
-        for key, _ in self._scan(b"u"):
-            raw = self._db.get(b"r" + key[1:])
-            last = 0 if raw is None else int.from_bytes(bytes(raw), "big")
-            found[key[1:].decode()] = _Restored(last, None, True)
-        return found
-
     def finish_restore(self) -> list[tuple[str, FlowError]]:
         """Build the wakeup and running-step entries of every restored run that is not finished
         (call after the last ``commit_local`` of a restore). Returns the runs whose history
@@ -502,6 +468,7 @@ class PartitionStore(_Transactions, _Quarantine, TokenIndex, RocksDBEventStore):
         failures: list[tuple[str, FlowError]] = []
         self.to_drive = []
         batch = WriteBatch(raw_mode=True)
+        moves: Counter[str] = Counter()
         for run_id, held in self._restored.items():
             if not held.marked:
                 continue
@@ -515,12 +482,14 @@ class PartitionStore(_Transactions, _Quarantine, TokenIndex, RocksDBEventStore):
                 continue
             if state is None:
                 continue
+            self._statuses.move(held.counted, state.public_status().value, moves)
             for wakeup in state.wakeups():
                 batch.put(wakeup_key(wakeup), b"")
             if _has_running_step(state):
                 batch.put(b"x" + key, b"")
             elif _needs_driving(state, self._clock()):
                 self.to_drive.append(run_id)
+        self._statuses.write(moves, batch)
         self._db.write(batch, self._write_options)
         self._restored.clear()
         return failures
@@ -564,6 +533,16 @@ class PartitionStore(_Transactions, _Quarantine, TokenIndex, RocksDBEventStore):
     def mark_to_drive(self, run_id: str) -> None:
         """Drive ``run_id`` after the next takeover (its decision failed and may pass then)."""
         self._stage().put(b"x" + run_id.encode(), b"")
+
+
+def _unindexed_runs(marks: Iterator[tuple[bytes, bytes]], db: Any) -> dict[str, _Restored]:
+    """The u-marked runs (a restore was interrupted after committing some of them)."""
+    found: dict[str, _Restored] = {}
+    for key, _ in marks:
+        raw = db.get(b"r" + key[1:])
+        last = 0 if raw is None else int.from_bytes(bytes(raw), "big")
+        found[key[1:].decode()] = _Restored(last, None, True)
+    return found
 
 
 def _needs_driving(state: RunState, now: datetime) -> bool:
