@@ -9,13 +9,15 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import Field, field_validator
 
 from flowstream.model.base import FrozenModel
 
-__all__ = ["Settings"]
+__all__ = ["Settings", "from_environment"]
+
+M = TypeVar("M", bound=FrozenModel)
 
 
 class Settings(FrozenModel):
@@ -90,11 +92,19 @@ class Settings(FrozenModel):
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Settings from ``FLOWSTREAM_*`` variables, then non-``None`` ``overrides``."""
-        env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for name in cls.model_fields:
-            raw = env.get(f"FLOWSTREAM_{name.upper()}")
-            if raw is not None:
-                values[name] = raw
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.model_validate(values)
+        return from_environment(cls, "FLOWSTREAM_", environ, overrides)
+
+
+def from_environment(
+    model: type[M], prefix: str, environ: Mapping[str, str] | None, overrides: Mapping[str, Any]
+) -> M:
+    """``model`` from ``<prefix><FIELD>`` variables (upper case; ``os.environ`` when
+    ``environ`` is ``None``), then the non-``None`` ``overrides``."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for name in model.model_fields:
+        raw = env.get(f"{prefix}{name.upper()}")
+        if raw is not None:
+            values[name] = raw
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return model.model_validate(values)

@@ -34,6 +34,7 @@ EXIT_USAGE = 2
 _COMMAND_MODULES = (
     "flowstream.cli.local",
     "flowstream.cli.inspect",
+    "flowstream.cli.gateway",
     "flowstream.cli.devkafka",
     "flowstream.cli.topics",
     "flowstream.cli.worker",

@@ -259,6 +259,7 @@ def register(subparsers: Any) -> None:
     outcome.add_argument("command_id")
     outcome.add_argument("--run", dest="run_id", required=True, help="the run it addressed")
     register_repartition(verbs, common)
+    importlib.import_module("flowstream.cli.gateway").register_kafka(verbs, common)
 
 
 # -- plumbing -----------------------------------------------------------------------------

@@ -31,7 +31,7 @@ def test_every_verb_is_there_with_the_connection_options() -> None:
     (verbs,) = [a for a in kafka._actions if isinstance(a, argparse._SubParsersAction)]
     assert set(verbs.choices) == {
         "start", "wait", "status", "history", "list", "describe", "signal", "hook", "cancel",
-        "retry", "outcome", "repartition",
+        "retry", "outcome", "repartition", "gateway",
     }  # fmt: skip
     for verb in verbs.choices.values():
         options = {o for a in verb._actions for o in a.option_strings}
