@@ -11,8 +11,9 @@ and ``toPositive(x) = x & 0x7fffffff``. librdkafka's ``murmur2_random`` partitio
 same value for non-empty keys, which is why :mod:`flowstream.kafka.clients` configures it on
 every producer: a record sent without an explicit partition still lands where this function says.
 
-The mapping changes if the partition count changes, so the count of run-keyed topics is fixed
-for the life of a deployment (see ``topology/topics.toml``).
+The mapping changes if the partition count changes, so the count of run-keyed topics never
+changes in place (see ``topology/topics.toml``): a deployment moves to another count under a new
+prefix (:mod:`flowstream.repartition`).
 """
 
 from __future__ import annotations
