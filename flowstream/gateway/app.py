@@ -339,6 +339,8 @@ def _add_hooks(app: FastAPI, backend: Backend) -> None:
             answer = await backend.resume_hook_by_token(token, payload)
         except CommandParkedError:
             return _json({"outcome": "parked"}, 202)
+        except TimeoutError:  # its message names the token's digest, the key it was sent by
+            return _problem(504, "Timeout", "no answer in time; the resumption stays queued")
         except RunConflictError:
             message = "this hook was already resumed with another payload"
             return _problem(409, RunConflictError.__name__, message)
