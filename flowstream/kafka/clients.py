@@ -23,6 +23,7 @@ from typing import Any
 from confluent_kafka import (
     Consumer,
     ConsumerGroupTopicPartitions,
+    IsolationLevel,
     KafkaError,
     KafkaException,
     Message,
@@ -37,6 +38,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ClusterMetadata,
     ConfigResource,
     NewTopic,
+    OffsetSpec,
     ResourceType,
 )
 
@@ -49,10 +51,12 @@ __all__ = [
     "ConfigResource",
     "Consumer",
     "ConsumerGroupTopicPartitions",
+    "IsolationLevel",
     "KafkaError",
     "KafkaException",
     "Message",
     "NewTopic",
+    "OffsetSpec",
     "Producer",
     "ResourceType",
     "TopicCollection",

@@ -24,7 +24,14 @@ from typing import Any
 from flowstream import codec, wire
 from flowstream.errors import SerializationError
 from flowstream.kafka import clients
-from flowstream.repartition.plan import COPIED, FORWARDED, MoveError, MovePlan, Source
+from flowstream.repartition.plan import (
+    COPIED,
+    FORWARDED,
+    MoveError,
+    MovePlan,
+    Source,
+    offsets,
+)
 from flowstream.repartition.pump import copied_from, original_headers, route
 from flowstream.topology import EVENTS
 
@@ -157,27 +164,19 @@ def audit_move(plan: MovePlan) -> MoveAudit:
     if sources is None:
         raise MoveError(f"no move from {plan.source!r} to {plan.target!r} was begun")
     reader = clients.new_consumer(plan.bootstrap, f"{plan.move_id}-audit")
-    watermarks = clients.new_consumer(
-        plan.bootstrap, f"{plan.move_id}-audit", {"isolation.level": "read_uncommitted"}
-    )
     audit = MoveAudit()
     try:
         for suffix in (*COPIED, *FORWARDED):
             mine = [s for s in sources if s.suffix == suffix]
-            audit.topics.append(_audit_topic(plan, suffix, mine, reader, watermarks, audit))
+            audit.topics.append(_audit_topic(plan, suffix, mine, reader, audit))
     finally:
         reader.close()
-        watermarks.close()
     return audit
 
 
-def _ends(watermarks: Any, topic: str, partitions: int) -> dict[int, int]:
-    return {
-        p: watermarks.get_watermark_offsets(
-            clients.TopicPartition(topic, p), timeout=15, cached=False
-        )[1]
-        for p in range(partitions)
-    }
+def _ends(plan: MovePlan, topic: str, partitions: int) -> dict[int, int]:
+    found = offsets(plan.bootstrap, [(topic, p) for p in range(partitions)], latest=True)
+    return {p: found[(topic, p)] for p in range(partitions)}
 
 
 def _audit_topic(
@@ -185,7 +184,6 @@ def _audit_topic(
     suffix: str,
     sources: list[Source],
     reader: Any,
-    watermarks: Any,
     audit: MoveAudit,
 ) -> TopicAudit:
     result = TopicAudit(suffix)
@@ -197,7 +195,7 @@ def _audit_topic(
             result.records += 1
             old.add(_key(message, int(message.partition())), message)
     new_topic = plan.new(suffix)
-    old_ends = _ends(watermarks, old_topic, plan.source_partitions)
+    old_ends = _ends(plan, old_topic, plan.source_partitions)
     later = {p: (end, old_ends[p]) for p, (_, end) in ranges.items() if old_ends[p] > end}
     unmoved: dict[int, int] = {}
     for message in _scan(reader, old_topic, later):
@@ -215,7 +213,7 @@ def _audit_topic(
         )
     new = _Chains()
     native: set[bytes] = set()
-    new_ends = _ends(watermarks, new_topic, plan.partitions)
+    new_ends = _ends(plan, new_topic, plan.partitions)
     histories: dict[str, list[Any]] = {}
     for message in _scan(reader, new_topic, {p: (0, end) for p, end in new_ends.items()}):
         if suffix == EVENTS:

@@ -15,8 +15,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flowstream.kafka import clients, topics
-from flowstream.repartition.plan import COPIED, FORWARDED, MoveError, MovePlan, Source
+from flowstream.kafka import topics
+from flowstream.repartition.plan import (
+    COPIED,
+    FORWARDED,
+    MoveError,
+    MovePlan,
+    Source,
+    offsets,
+)
 from flowstream.repartition.pump import Pump
 from flowstream.topology import DEADLETTER
 
@@ -131,15 +138,4 @@ def _apply(plan: MovePlan, suffixes: tuple[str, ...], timeout: float) -> None:
 
 def _ends(plan: MovePlan, sources: list[Source]) -> dict[tuple[str, int], int]:
     """Each source's true high watermark (``read_uncommitted``)."""
-    reader = clients.new_consumer(
-        plan.bootstrap, f"{plan.move_id}-watermarks", {"isolation.level": "read_uncommitted"}
-    )
-    try:
-        return {
-            (s.topic, s.partition): reader.get_watermark_offsets(
-                clients.TopicPartition(s.topic, s.partition), timeout=15, cached=False
-            )[1]
-            for s in sources
-        }
-    finally:
-        reader.close()
+    return offsets(plan.bootstrap, [(s.topic, s.partition) for s in sources], latest=True)

@@ -41,6 +41,7 @@ __all__ = [
     "MoveError",
     "MovePlan",
     "Source",
+    "offsets",
     "with_partitions",
 ]
 
@@ -54,6 +55,16 @@ FORWARDED = (CMD_START, CMD_SIGNAL, CMD_HOOK, CMD_CANCEL, CMD_TIMER)
 MARK = "flowstream-repartition"
 #: Each Kafka request of the checks waits at most this long.
 _REQUEST_S = 15.0
+#: Answers about a partition that pass once its leader is known.
+_LEADER_PASSING = frozenset(
+    {
+        clients.KafkaError.NOT_LEADER_FOR_PARTITION,
+        clients.KafkaError.LEADER_NOT_AVAILABLE,
+        clients.KafkaError.UNKNOWN_TOPIC_OR_PART,
+        clients.KafkaError._UNKNOWN_PARTITION,
+        clients.KafkaError._TIMED_OUT,
+    }
+)
 #: Answers of a group coordinator that pass (it is loading, or moved).
 _COORDINATOR_PASSING = frozenset(
     {
@@ -67,6 +78,44 @@ _COORDINATOR_PASSING = frozenset(
 
 class MoveError(FlowError):
     """A move cannot begin or go on; the message says why and what to do."""
+
+
+def offsets(
+    bootstrap: str, tps: Iterable[tuple[str, int]], *, latest: bool, committed: bool = False
+) -> dict[tuple[str, int], int]:
+    """The earliest or latest offset of each partition, in one request per leader
+    (``committed``: the latest is the last stable offset). A topic just created, or a leader
+    just moved, answers "not leader" or "unknown partition" for a moment: asked again for up to
+    a request's time."""
+    admin = clients.new_admin(bootstrap)
+    maker: Any = clients.OffsetSpec.latest if latest else clients.OffsetSpec.earliest
+    spec = maker()
+    level = (
+        clients.IsolationLevel.READ_COMMITTED
+        if committed
+        else clients.IsolationLevel.READ_UNCOMMITTED
+    )
+    deadline = time.monotonic() + _REQUEST_S
+    pending = list(dict.fromkeys(tps))
+    found: dict[tuple[str, int], int] = {}
+    while pending:
+        asked = {clients.TopicPartition(topic, p): spec for topic, p in pending}
+        futures = admin.list_offsets(asked, isolation_level=level, request_timeout=_REQUEST_S)
+        pending = []
+        for tp, future in futures.items():
+            try:
+                found[(tp.topic, tp.partition)] = int(future.result().offset)
+            except clients.KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                passing = isinstance(error, clients.KafkaError) and (
+                    error.retriable() or error.code() in _LEADER_PASSING
+                )
+                if not passing or time.monotonic() > deadline:
+                    raise MoveError(f"no offsets of {tp.topic}[{tp.partition}]: {exc}") from None
+                pending.append((tp.topic, tp.partition))
+        if pending:
+            time.sleep(0.1)
+    return found
 
 
 def with_partitions(topology: Topology, partitions: int) -> Topology:
@@ -262,23 +311,12 @@ class MovePlan:
 
     def _unstable(self, tps: Sequence[Any]) -> list[Any]:
         """The partitions whose last stable offset is below their high watermark."""
-        committed = clients.new_consumer(self.bootstrap, f"{self.move_id}-watermarks")
-        uncommitted = clients.new_consumer(
-            self.bootstrap,
-            f"{self.move_id}-watermarks",
-            {"isolation.level": "read_uncommitted"},
-        )
-        try:
-            found = []
-            for tp in tps:
-                stable = committed.get_watermark_offsets(tp, timeout=_REQUEST_S, cached=False)[1]
-                high = uncommitted.get_watermark_offsets(tp, timeout=_REQUEST_S, cached=False)[1]
-                if stable < high:
-                    found.append(tp)
-            return found
-        finally:
-            committed.close()
-            uncommitted.close()
+        wanted = [(tp.topic, tp.partition) for tp in tps]
+        stable = offsets(self.bootstrap, wanted, latest=True, committed=True)
+        high = offsets(self.bootstrap, wanted, latest=True)
+        return [
+            tp for tp in tps if stable[(tp.topic, tp.partition)] < high[(tp.topic, tp.partition)]
+        ]
 
     def _old_writers(self) -> set[str]:
         """The writers the old group's last positions name (``processor.fence``)."""
@@ -351,32 +389,32 @@ class MovePlan:
         """The starting positions of a new move: the start of the copied topics, the old
         group's positions on the command topics (what it had not applied yet)."""
         reader = clients.new_consumer(self.bootstrap, self.group)
-        watermarks = clients.new_consumer(self.bootstrap, f"{self.move_id}-watermarks")
         try:
             applied = {
                 (tp.topic, tp.partition): tp.offset
                 for tp in reader.committed(self.tps(FORWARDED), timeout=_REQUEST_S)
             }
-            sources = []
-            for tp in self.tps((*COPIED, *FORWARDED)):
-                low = watermarks.get_watermark_offsets(tp, timeout=_REQUEST_S, cached=False)[0]
-                start = max(low, applied.get((tp.topic, tp.partition), -1))
-                suffix = tp.topic[len(self.source) + 1 :]
-                sources.append(
-                    Source(
-                        suffix,
-                        tp.topic,
-                        tp.partition,
-                        start,
-                        start,
-                        self.new(suffix),
-                        self.partitions,
-                    )
-                )
-            return sources
         finally:
             reader.close()
-            watermarks.close()
+        tps = self.tps((*COPIED, *FORWARDED))
+        lows = offsets(self.bootstrap, [(tp.topic, tp.partition) for tp in tps], latest=False)
+        sources = []
+        for tp in tps:
+            at = (tp.topic, tp.partition)
+            start = max(lows[at], applied.get(at, -1))
+            suffix = tp.topic[len(self.source) + 1 :]
+            sources.append(
+                Source(
+                    suffix,
+                    tp.topic,
+                    tp.partition,
+                    start,
+                    start,
+                    self.new(suffix),
+                    self.partitions,
+                )
+            )
+        return sources
 
     def mirrors(self) -> list[Source]:
         """The new outcomes partitions and where the move stands on them: while commands are
@@ -404,27 +442,20 @@ class MovePlan:
     def _check_target_empty(self) -> None:
         admin = clients.new_admin(self.bootstrap)
         metadata = _metadata(admin, self.bootstrap, _REQUEST_S)
-        watermarks = clients.new_consumer(
-            self.bootstrap, f"{self.move_id}-watermarks", {"isolation.level": "read_uncommitted"}
-        )
-        try:
-            for spec in self.topology.topics:
-                name = spec.name(self.target)
-                topic = metadata.topics.get(name)
-                if topic is None:
-                    continue
-                for p in topic.partitions:
-                    tp = clients.TopicPartition(name, p)
-                    low, high = watermarks.get_watermark_offsets(
-                        tp, timeout=_REQUEST_S, cached=False
-                    )
-                    if high > low:
-                        raise MoveError(
-                            f"topic {name} already holds records and no move to prefix "
-                            f"{self.target!r} was begun: a move needs an empty target prefix"
-                        )
-        finally:
-            watermarks.close()
+        present = [
+            (name, p)
+            for name in self.topology.names(self.target).values()
+            if name in metadata.topics
+            for p in metadata.topics[name].partitions
+        ]
+        lows = offsets(self.bootstrap, present, latest=False)
+        highs = offsets(self.bootstrap, present, latest=True)
+        for at in present:
+            if highs[at] > lows[at]:
+                raise MoveError(
+                    f"topic {at[0]} already holds records and no move to prefix "
+                    f"{self.target!r} was begun: a move needs an empty target prefix"
+                )
 
 
 def _metadata(admin: Any, bootstrap: str, timeout: float) -> Any:
