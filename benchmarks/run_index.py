@@ -17,9 +17,13 @@ made on memory stores a thousand at a time and produced to a fresh events topic,
 ``--overhead N`` first times N runs created with the index kept and N without (best of 3), the
 cost of keeping it.
 
+``--bulk N`` writes N runs straight into a store (template histories under new ids, with the
+index keys the append path computes) and times the same queries on it: the figures at 1,000,000
+runs, which the engine cannot create on this machine in a session.
+
 One JSON line per phase goes to stdout and to ``--out``, with the machine's load.
 
-Usage: ``python -m benchmarks.run_index --runs 100000 [--kafka-runs 100000]``
+Usage: ``python -m benchmarks.run_index --runs 100000 [--bulk 1000000] [--kafka-runs 100000]``
 """
 
 from __future__ import annotations
@@ -40,10 +44,11 @@ from benchmarks import harness
 from benchmarks.scale_app import ONE, PARK, runtime
 from flowstream import codec
 from flowstream.engine import FlowEngine
-from flowstream.index import KafkaRunIndex, RunQuery, RunTable
+from flowstream.index import KafkaRunIndex, RunQuery, RunTable, row_of
 from flowstream.kafka import clients
 from flowstream.model.snapshot import RunStatus
 from flowstream.partitioning import partition_for
+from flowstream.replay.state import RunState
 from flowstream.settings import Settings
 from flowstream.stores.memory import MemoryEventStore
 from flowstream.stores.rocksdb import RocksDBEventStore
@@ -211,6 +216,77 @@ def embedded(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
     return records
 
 
+def bulk(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
+    """``--bulk N``: N runs written straight into a store, for the queries' figures at a size
+    the engine cannot create here in the time: each run's history is a copy of a template run's
+    (made by the engine: a suspended ``scale-park`` run, or every tenth a completed
+    ``scale-one``) under its own id, and its index keys are what ``RunTable.change`` (the
+    function every append calls) gives for the template's state under that id."""
+    import dataclasses
+
+    from rocksdict import WriteBatch
+
+    from flowstream.index.table import write_changes
+
+    templates = {}
+    for spec, run_id in ((PARK, "tmpl-park"), (ONE, "tmpl-one")):
+        memory = MemoryEventStore()
+        asyncio.run(FlowEngine(memory, runtime).start(run_id, spec, 1))
+        state = memory.state(run_id)
+        raws = [e.model_dump_json().encode() for e in state.history]
+        templates[spec.name] = (run_id, state, raws)
+    path = root / "bulk"
+    store = RocksDBEventStore(path)
+    table = store.run_index()
+    began = time.perf_counter()
+    batch = WriteBatch(raw_mode=True)
+    for n in range(args.bulk):
+        template_id, template, raws = templates[_spec(n).name]
+        run_id = f"run-{n:07d}"
+        key = run_id.encode()
+        quoted = f'"{template_id}"'.encode()
+        for sequence, raw in enumerate(raws, start=1):
+            event = raw.replace(quoted, f'"{run_id}"'.encode())
+            batch.put(b"e" + key + b"\0" + sequence.to_bytes(8, "big"), event)
+        batch.put(b"r" + key, len(raws).to_bytes(8, "big"))
+        if not template.is_terminal:
+            batch.put(b"o" + key, b"")
+        write_changes(batch, table.change(None, dataclasses.replace(template, run_id=run_id)))
+        if n % 5000 == 4999:
+            store._db.write(batch)
+            batch = WriteBatch(raw_mode=True)
+    store._db.write(batch)
+    store.close()
+    loaded = time.perf_counter() - began
+    began = time.perf_counter()
+    store = RocksDBEventStore(path)
+    opened = time.perf_counter() - began
+    engine = FlowEngine(store, runtime)
+    sample = RunState.from_history(store.read("run-0000001"))
+    assert engine.run_index().get("run-0000001") == row_of(sample)
+    figures = _query_times(engine.run_index(), args.repeat)
+    figures["summary_ms"] = _ms(engine.summary, args.repeat)
+    figures["next_wakeup_ms"] = _ms(store.next_wakeup, args.repeat)
+    began = time.perf_counter()
+    figures["open_suspensions"] = len(engine.list_open_suspensions())
+    figures["list_open_suspensions_s"] = round(time.perf_counter() - began, 2)
+    summary = engine.summary()
+    store.close()
+    record = {
+        "phase": "bulk-loaded store: queries",
+        "runs": args.bulk,
+        "load_s": round(loaded, 1),
+        "disk_mib": round(sum(f.stat().st_size for f in path.iterdir()) / 2**20, 1),
+        "open_s": round(opened, 3),
+        "by_status": {s.value: n for s, n in summary.by_status.items()},
+        **figures,
+        "rss_mib": _rss_mib(),
+        **harness.machine(),
+    }
+    print(record, flush=True)
+    return [record]
+
+
 def _produce_histories(bootstrap: str, topic: str, runs: int) -> int:
     """Make the runs' histories on memory stores and produce their events to ``topic``."""
     partitions = load_topology().run_partitions
@@ -283,6 +359,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=100_000, help="embedded runs (0: skip)")
     parser.add_argument("--kafka-runs", type=int, default=0, help="runs on Kafka (0: skip)")
+    parser.add_argument(
+        "--bulk", type=int, default=0, help="runs to bulk-load for the query figures (0: skip)"
+    )
     parser.add_argument("--bootstrap", help="a broker to use instead of the bench broker")
     parser.add_argument(
         "--overhead", type=int, default=0, help="runs to time with and without the index (0: skip)"
@@ -302,6 +381,8 @@ def main() -> None:
             records.append(overhead(args, root))
         if args.runs:
             records += embedded(args, root)
+        if args.bulk:
+            records += bulk(args, root)
         if args.kafka_runs:
             records += kafka(args, root)
         for record in records:

@@ -9,9 +9,8 @@ first. ``RunIndex`` is what every index answers, whichever mode keeps it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from pydantic import Field, field_validator
 
@@ -29,8 +28,10 @@ __all__ = [
     "RunRow",
     "facts_of",
     "last_error",
+    "micros",
     "open_items",
     "row_of",
+    "row_values",
     "waiting_for",
 ]
 
@@ -110,8 +111,7 @@ class RunIndex(Protocol):
 # -- the projection -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class OpenItem:
+class OpenItem(NamedTuple):
     """One open suspension of a run: a timer (``wait``), a delayed step ``retry``, a ``hook``,
     a ``signal`` wait or a ``child``."""
 
@@ -120,32 +120,47 @@ class OpenItem:
     due: datetime | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class RunFacts:
-    """What a run's index keys and counters derive from."""
+class RunFacts(NamedTuple):
+    """What a run's index keys and counters derive from (``micros``: its update time in
+    microseconds since the epoch)."""
 
     status: RunStatus
-    updated_at: datetime
+    micros: int
     items: tuple[OpenItem, ...]
 
 
 def open_items(state: RunState) -> tuple[OpenItem, ...]:
     """The open suspensions of a run that has not ended, in a stable order."""
-    if state.is_terminal:
+    if state.is_terminal or not (
+        state.open_waits
+        or state.delayed_steps
+        or state.active_hooks
+        or state.waiting_signal_waits
+        or state.open_children
+    ):
         return ()
     found = [OpenItem("wait", w, state.waits[w].resume_at) for w in sorted(state.open_waits)]
-    found.extend(
-        OpenItem("retry", s, state.steps[s].retry_after) for s in sorted(state.delayed_steps)
-    )
-    found.extend(OpenItem("hook", h) for h in sorted(state.active_hooks))
+    if state.delayed_steps:
+        found += [
+            OpenItem("retry", s, state.steps[s].retry_after) for s in sorted(state.delayed_steps)
+        ]
+    if state.active_hooks:
+        found += [OpenItem("hook", h) for h in sorted(state.active_hooks)]
     for queue in state.waiting_signal_waits.values():
-        found.extend(OpenItem("signal", w) for w in queue)
-    found.extend(OpenItem("child", c) for c in sorted(state.open_children))
+        found += [OpenItem("signal", w) for w in queue]
+    if state.open_children:
+        found += [OpenItem("child", c) for c in sorted(state.open_children)]
     return tuple(found)
 
 
+def micros(moment: datetime) -> int:
+    """Microseconds since the epoch of an aware time after it."""
+    return int(moment.timestamp()) * 1_000_000 + moment.microsecond
+
+
 def facts_of(state: RunState) -> RunFacts:
-    return RunFacts(state.public_status(), state.updated_at or state.created_at, open_items(state))
+    moment = state.updated_at or state.created_at
+    return RunFacts(state.public_status(), micros(moment), open_items(state))
 
 
 def _stamp(moment: datetime) -> str:
@@ -209,19 +224,24 @@ def last_error(state: RunState) -> str | None:
     return None
 
 
+def row_values(state: RunState) -> dict[str, Any]:
+    """The fields of the run's row (``RunRow``'s), as plain values."""
+    outcome = state.outcome
+    return {
+        "run_id": state.run_id,
+        "workflow": state.spec.name,
+        "status": state.public_status(),
+        "build": state.spec.runtime_build_id,
+        "created_at": state.created_at,
+        "updated_at": state.updated_at or state.created_at,
+        "waiting_for": waiting_for(state),
+        "last_error": last_error(state),
+        "parent_run_id": None if state.parent is None else state.parent.run_id,
+        "continued_to": None if outcome is None else outcome.successor_run_id,
+        "last_sequence": state.last_sequence,
+    }
+
+
 def row_of(state: RunState) -> RunRow:
     """The index row of a run, from its state."""
-    outcome = state.outcome
-    return RunRow(
-        run_id=state.run_id,
-        workflow=state.spec.name,
-        status=state.public_status(),
-        build=state.spec.runtime_build_id,
-        created_at=state.created_at,
-        updated_at=state.updated_at or state.created_at,
-        waiting_for=waiting_for(state),
-        last_error=last_error(state),
-        parent_run_id=None if state.parent is None else state.parent.run_id,
-        continued_to=None if outcome is None else outcome.successor_run_id,
-        last_sequence=state.last_sequence,
-    )
+    return RunRow(**row_values(state))

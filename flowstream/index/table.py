@@ -26,7 +26,7 @@ import binascii
 import heapq
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, nullcontext
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Protocol
 
 import orjson
@@ -39,7 +39,8 @@ from flowstream.index.rows import (
     RunQuery,
     RunRow,
     facts_of,
-    row_of,
+    micros,
+    row_values,
 )
 from flowstream.model.snapshot import RunStatus
 from flowstream.replay.state import RunState
@@ -74,7 +75,6 @@ SUSPENSION_COUNTERS = {
     "signal": "open_signal_waits",
 }
 _STATUSES = tuple(status.value for status in RunStatus)
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _NEWEST = (1 << 64) - 1
 #: A change to one key: the new value, or ``None`` to delete it.
 Change = tuple[bytes, bytes | None]
@@ -138,8 +138,7 @@ class MemoryKeyValues:
 
 
 def _newest(moment: datetime) -> bytes:
-    micros = (moment - _EPOCH) // timedelta(microseconds=1)
-    return (_NEWEST - micros).to_bytes(8, "big")
+    return (_NEWEST - micros(moment)).to_bytes(8, "big")
 
 
 def _workflow_prefix(workflow: str, status: str) -> bytes:
@@ -148,7 +147,7 @@ def _workflow_prefix(workflow: str, status: str) -> bytes:
 
 
 def _secondary(run_id: str, workflow: str, facts: RunFacts) -> list[bytes]:
-    sort_key = _newest(facts.updated_at) + run_id.encode()
+    sort_key = (_NEWEST - facts.micros).to_bytes(8, "big") + run_id.encode()
     status = facts.status.value
     return [
         _BY_TIME + sort_key,
@@ -234,15 +233,16 @@ class RunTable:
     def change(self, before: RunFacts | None, state: RunState) -> list[Change]:
         """The key changes that bring the run's entries from ``before`` to ``state``."""
         after = facts_of(state)
-        row = row_of(state)
+        row = row_values(state)
+        workflow = state.spec.name
         run_key = state.run_id.encode()
         found: list[Change] = []
-        new_keys = _secondary(state.run_id, row.workflow, after)
+        new_keys = _secondary(state.run_id, workflow, after)
         if before is not None:
-            old_keys = _secondary(state.run_id, row.workflow, before)
+            old_keys = _secondary(state.run_id, workflow, before)
             found.extend((key, None) for key in old_keys if key not in new_keys)
         found.extend((key, b"") for key in new_keys)
-        found.append((_ROW + run_key, row.model_dump_json().encode()))
+        found.append((_ROW + run_key, orjson.dumps(row)))
         if before is None or before.items != after.items:
             found.append((_OPEN + run_key, _items_value(after.items) if after.items else None))
         self._count(before, -1)
