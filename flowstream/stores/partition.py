@@ -14,8 +14,7 @@ Extra keys beside the ``RocksDBEventStore`` layout:
 ``c``, ``n``, ``t<token digest>…``   hook-token claims of this partition's keyspace (``tokens``)
 ``u<run_id>``                      restored events of a live run whose wakeups and running-step
                                    entries are not built yet (``finish_restore`` builds them)
-``o<run_id>``                      the run is not terminal (the open-runs index, as in
-                                   ``RocksDBEventStore``; restore keeps it as well)
+``o<run_id>``                      the run is not terminal (the open-runs index, as embedded)
 ``q<run_id>``                      the run is quarantined: its history cannot be read completely
                                    (the value says why); it is never advanced
 ``m/status/<status>``              how many runs are in that status (``statuses``)
@@ -24,9 +23,8 @@ Restore is the one path that takes events without building them: records on the 
 were validated by the processor that wrote them, so ``restore_event`` reads only the run id,
 sequence and event type from the bytes (``codec.event_head``), checks the run's sequence and
 lifecycle (created first, contiguous, nothing after a terminal event), and stores the bytes.
-The indexes that need a projection are built once per run at the end (``finish_restore``), and
-only for runs that are not finished: a finished run has no wakeup and no running step. A run's
-history is still fully decoded and validated whenever it is read (``_load``).
+The indexes that need a projection are built once per unfinished run at the end
+(``finish_restore``). A run's history is still fully decoded and validated whenever it is read.
 """
 
 from __future__ import annotations
@@ -92,6 +90,9 @@ _RUNNING_EVENTS = TERMINAL_EVENTS | {
 
 #: Restored runs remembered in memory before the finished ones are let go.
 _RESTORED_KEPT = 100_000
+#: Projections one partition keeps in memory: the runs being driven (``_forget_idle`` lets the
+#: others go at their commit; they are read from disk when an input or a deadline arrives).
+PARTITION_CACHE_RUNS = 1_000
 
 
 class _Restored:
@@ -151,7 +152,7 @@ class PartitionStore(_Transactions, Quarantine, StatusIndex, TokenIndex, RocksDB
         clock: Clock = utc_now,
         local_token_claims: bool = True,
     ) -> None:
-        super().__init__(path, clock=clock, sync=False)
+        super().__init__(path, clock=clock, sync=False, cache_runs=PARTITION_CACHE_RUNS)
         self.partition = partition
         self._local_token_claims = local_token_claims
         self._sink = sink
@@ -281,7 +282,7 @@ class PartitionStore(_Transactions, Quarantine, StatusIndex, TokenIndex, RocksDB
         _drop_sealed(self._staged_hooks, hooks)
         _drop_sealed(self._staged_inbox, inbox)
         _drop_sealed(self._staged_tokens, tokens)
-        _forget_ended(self._states, self._sealed_runs - self._staged_runs)
+        _forget_idle(self._states, self._sealed_runs - self._staged_runs, self._clock())
         self._sealed_runs = set()
         self._sealed_wakeups = False
         self._sealed_overlays = ({}, {}, {})
@@ -297,6 +298,7 @@ class PartitionStore(_Transactions, Quarantine, StatusIndex, TokenIndex, RocksDB
         self._open_since = {}
         self._write(batch, events_offset, wakeups_changed=self._staged_wakeups)
         self._staged_wakeups = False
+        _forget_idle(self._states, self._staged_runs, self._clock())
         self._staged_runs.clear()
         self._staged_hooks.clear()
         self._staged_inbox.clear()
@@ -340,6 +342,8 @@ class PartitionStore(_Transactions, Quarantine, StatusIndex, TokenIndex, RocksDB
         return staged if staged is not None else super()._hook_owner(token_digest)
 
     def _remember(self, run_id: str, state: RunState) -> None:
+        """The newest; when full the oldest tenth leaves, but not runs with unwritten events."""
+        self._states.pop(run_id, None)
         if len(self._states) >= self._cache_runs:
             for candidate in list(self._states)[: len(self._states) // 10 + 1]:
                 if candidate not in self._staged_runs and candidate not in self._sealed_runs:
@@ -552,12 +556,14 @@ def _needs_driving(state: RunState, now: datetime) -> bool:
     return not state.is_terminal and (exhausted or not is_suspended(state, now))
 
 
-def _forget_ended(states: dict[str, RunState], runs: set[str]) -> None:
-    """A run that ended takes no more decisions: its state leaves the cache (a later read loads
-    it from the store), so the runs held in memory are the ones still going."""
+def _forget_idle(states: dict[str, RunState], runs: set[str], now: datetime) -> None:
+    """Committed runs that ended, or wait on an input or a deadline with no step running, leave
+    the cache (a later read loads them): the runs held in memory are the ones being driven."""
     for run_id in runs:
         state = states.get(run_id)
-        if state is not None and state.is_terminal:
+        if state is not None and (
+            state.is_terminal or (is_suspended(state, now) and not _has_running_step(state))
+        ):
             del states[run_id]
 
 

@@ -25,6 +25,7 @@ Only this module imports ``rocksdict``.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -32,7 +33,16 @@ from pathlib import Path
 from typing import TypeVar
 
 import orjson
-from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import (
+    AccessType,
+    BlockBasedOptions,
+    Cache,
+    Options,
+    Rdict,
+    WriteBatch,
+    WriteBufferManager,
+    WriteOptions,
+)
 
 from flowstream.errors import (
     SerializationError,
@@ -52,7 +62,14 @@ from flowstream.model.events import EventEnvelope
 from flowstream.replay.state import RunState, Wakeup
 from flowstream.stores.base import Clock, EventStore, IndexChanges, build_run_table, utc_now
 
-__all__ = ["TERMINAL_EVENTS", "RocksDBEventStore", "put_append", "wakeup_key"]
+__all__ = [
+    "TERMINAL_EVENTS",
+    "RocksDBEventStore",
+    "put_append",
+    "rocksdb_memory",
+    "store_options",
+    "wakeup_key",
+]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _OPEN_INDEX_KEY = b"m/open_index"
@@ -68,6 +85,66 @@ TERMINAL_EVENTS = frozenset(
     }
 )
 _OFFSET = 1 << 63
+
+#: RocksDB's memory in one process, shared by every store it opens (a worker opens one per owned
+#: partition): one block cache, which holds the index and filter blocks too, and the write
+#: buffers (memtables) of every store, charged to that cache and flushed once they reach
+#: ``WRITE_BUFFERS_BYTES`` together. Left to its defaults, each store had its own cache and up
+#: to two 64 MiB memtables.
+BLOCK_CACHE_BYTES = 64 << 20
+WRITE_BUFFERS_BYTES = 32 << 20
+#: One memtable of one store.
+_MEMTABLE_BYTES = 8 << 20
+
+_shared: tuple[Cache, WriteBufferManager] | None = None
+
+
+def _shared_memory() -> tuple[Cache, WriteBufferManager]:
+    global _shared
+    if _shared is None:
+        cache = Cache(BLOCK_CACHE_BYTES)
+        buffers = WriteBufferManager.new_write_buffer_manager_with_cache(
+            WRITE_BUFFERS_BYTES, False, cache
+        )
+        _shared = (cache, buffers)
+    return _shared
+
+
+def _forget_shared() -> None:
+    global _shared
+    _shared = None
+
+
+os.register_at_fork(after_in_child=_forget_shared)  # a child opens stores of its own
+
+
+def store_options(*, create: bool) -> Options:
+    """The options of every store of this process (raw keys), drawing on its shared memory."""
+    cache, buffers = _shared_memory()
+    table = BlockBasedOptions()
+    table.set_block_cache(cache)
+    table.set_cache_index_and_filter_blocks(True)
+    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+    table.set_bloom_filter(10, False)  # point reads of runs a store does not hold
+    options = Options(raw_mode=True)
+    options.create_if_missing(create)
+    options.set_block_based_table_factory(table)
+    options.set_write_buffer_manager(buffers)
+    options.set_write_buffer_size(_MEMTABLE_BYTES)
+    options.set_max_write_buffer_number(2)
+    return options
+
+
+#: Projections a store keeps in memory (the runs last appended to or read); a run that is not
+#: among them is read from its history on disk when it is next needed.
+CACHE_RUNS = 2_000
+
+
+def rocksdb_memory() -> dict[str, int]:
+    """What RocksDB holds in this process: the shared cache (blocks and the memtables charged to
+    it) and the memtables alone, in bytes."""
+    cache, buffers = _shared_memory()
+    return {"cache_bytes": cache.get_usage(), "memtable_bytes": buffers.get_usage()}
 
 
 def _micros(moment: datetime) -> bytes:
@@ -174,7 +251,7 @@ class RocksDBEventStore(EventStore):
         *,
         clock: Clock = utc_now,
         sync: str | bool = "group",
-        cache_runs: int = 20_000,
+        cache_runs: int = CACHE_RUNS,
         create: bool = True,
         read_only: bool = False,
     ) -> None:
@@ -190,8 +267,7 @@ class RocksDBEventStore(EventStore):
                 f"no store at {self.path} (check --data; only demo and start create one)"
             )
         self.path.mkdir(parents=True, exist_ok=True)
-        options = Options(raw_mode=True)
-        options.create_if_missing(create and not read_only)
+        options = store_options(create=create and not read_only)
         access = AccessType.read_only() if read_only else AccessType.read_write()
         self._db = self._open(options, access)
         if sync not in ("group", "always", True, False):
@@ -320,6 +396,21 @@ class RocksDBEventStore(EventStore):
             history.append(self._decode(run_id, value))
         return history or None
 
+    def histories(self) -> Iterator[tuple[str, list[EventEnvelope]]]:
+        """Every run's history, by run id, read from disk one run at a time (nothing is cached:
+        an audit of the whole store holds one history in memory)."""
+        run_key: bytes | None = None
+        history: list[EventEnvelope] = []
+        for key, value in self._scan(b"e"):
+            this = key[1:-9]  # e<run_id>\0<seq:8 BE>
+            if this != run_key:
+                if run_key is not None:
+                    yield run_key.decode(), history
+                run_key, history = this, []
+            history.append(self._decode(this.decode(), value))
+        if run_key is not None:
+            yield run_key.decode(), history
+
     def _decode(self, run_id: str, raw: bytes) -> EventEnvelope:
         try:
             return EventEnvelope.model_validate_json(raw)
@@ -405,9 +496,13 @@ class RocksDBEventStore(EventStore):
             self._synced = max(self._synced, covered)
 
     def _remember(self, run_id: str, state: RunState) -> None:
-        if len(self._states) >= self._cache_runs:
-            self._states.pop(next(iter(self._states)))
-        self._states[run_id] = state
+        """Keep ``state`` as the newest of the cached projections (the oldest leaves when the
+        cache holds ``cache_runs``)."""
+        states = self._states
+        states.pop(run_id, None)
+        if len(states) >= self._cache_runs:
+            states.pop(next(iter(states)))
+        states[run_id] = state
 
     def close(self) -> None:
         with self._lock:
