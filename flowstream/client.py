@@ -453,21 +453,24 @@ class EventTail:
 
     def read_records_to_end(self, *, timeout: float) -> list[Any]:
         """Every committed record (events and inbox records) up to the last stable offset."""
+        return list(self.records_to_end(timeout=timeout))
+
+    def records_to_end(self, *, timeout: float) -> Iterator[Any]:
+        """:meth:`read_records_to_end` as the records arrive (none is kept)."""
         patience = time.monotonic() + timeout
         ends = {p: self._high_watermark(p, patience) for p in self.partitions}
-        found: list[Any] = []
         deadline = time.monotonic() + timeout
         while True:
             positions = self._consumer.position(
                 [clients.TopicPartition(self.topic, p) for p in self.partitions]
             )
             if all(tp.offset >= ends[tp.partition] or ends[tp.partition] == 0 for tp in positions):
-                return found
+                return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading {self.topic} did not reach its end in time")
             for message in self._consumer.consume(num_messages=1000, timeout=0.1):
                 if message.error() is None:
-                    found.append(message)
+                    yield message
 
     def _high_watermark(self, partition: int, deadline: float) -> int:
         return high_watermark(self._consumer, self.topic, partition, deadline)
