@@ -22,6 +22,19 @@ serving ``benchmarks.scale_app:runtime``):
   ``flowstream_commands_total`` for the start topic, which also counts applications that an
   aborted transaction lost), whether the worker survived.
 
+``--fill synthetic`` fills partition 0 without a filler: one real ``scale-park`` history is
+cloned for each run id and produced straight to the events topic (a million runs in minutes,
+where a filler takes hours); the cold worker is then the first to take them. For cold and warm
+the record also gives the worker's RSS once restored (it holds every run: issue 19's figure),
+its state directory's size per run, and the seconds until the first signalled run completed
+(first-decision latency after the restart). After them, ``flowstream audit`` reads the topic in
+a child process: its wall time and peak RSS (``--no-audit`` skips it).
+
+* ``embedded``: ``benchmarks/scale_embedded.py`` in a child process: ``--runs`` suspended runs
+  created by ``FlowEngine`` on a ``RocksDBEventStore``, ``--concurrency`` at a time; create rate,
+  RSS, disk per run, reopen and first-decision latency, ``summary()`` and listings, and the
+  audit of the store.
+
 Every measurement also gives the worker's producer resets (``flowstream_producer_resets``: a
 fence, e.g. the coordinator aborted a transaction older than the 2 s transaction timeout),
 aborted transactions, peak RSS (VmHWM, sampled every 0.25 s, so a worker that dies keeps its
@@ -29,7 +42,8 @@ last figure) and CPU seconds. A phase that does not finish in ``--timeout`` s (a
 on fences, or dead) is reported as it stood then. One JSON line per measurement goes to stdout
 and to ``--out`` (default ``benchmarks/results/<UTC date>.jsonl``).
 
-Usage: ``python -m benchmarks.scale --runs 100000 [--mode restore|burst|both]``
+Usage: ``python -m benchmarks.scale --runs 100000 [--mode restore|burst|both|embedded]
+[--fill worker|synthetic]``; the load average before and after goes with every record.
 """
 
 from __future__ import annotations
@@ -47,9 +61,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks import harness
+from benchmarks import harness, scale_embedded
 from benchmarks.restore import run_ids_on
 from benchmarks.scale_app import ONE, PARK, SIGNAL
+from benchmarks.scale_embedded import audit_usage, disk_bytes, status_kib, synthetic_histories
 from flowstream import codec
 from flowstream.client import FlowClient
 from flowstream.kafka import clients
@@ -72,6 +87,8 @@ FILL_ENV = {
 _RESTORED = re.compile(rb"partition (\d+): restored in ([0-9.]+) s")
 _RESTORING = re.compile(rb"partition (\d+): restoring events (\d+)\.\.(\d+)")
 #: Log lines counted: a producer reset, partitions lost (e.g. the poll interval exceeded).
+#: librdkafka's logical offsets.
+_OFFSET_BEGINNING, _OFFSET_END = -2, -1
 _COUNTED = {"log_producer_resets": b"replacing it", "lost_partitions": b"lost partitions"}
 
 
@@ -80,7 +97,7 @@ class Counts:
     per run, its ``run_created`` events; keeps the runs suspended on a signal and the finished
     ones. Only the first bytes of an event are read (``codec.event_head``)."""
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, *, from_end: bool = False) -> None:
         self.topic = load_topology().names(prefix)[EVENTS]
         self.created: collections.Counter[str] = collections.Counter()
         self.suspended: set[str] = set()
@@ -88,7 +105,10 @@ class Counts:
         self.events = [0] * PARTITIONS
         self._stop = threading.Event()
         self._consumer = clients.new_consumer(harness.BOOTSTRAP, f"{prefix}-counts-{_tag()}")
-        self._consumer.assign([clients.TopicPartition(self.topic, p) for p in range(PARTITIONS)])
+        start = _OFFSET_END if from_end else _OFFSET_BEGINNING
+        self._consumer.assign(
+            [clients.TopicPartition(self.topic, p, start) for p in range(PARTITIONS)]
+        )
         self._thread = threading.Thread(target=self._tail, daemon=True)
         self._thread.start()
 
@@ -319,11 +339,41 @@ def fill(prefix: str, state_root: Path, args: argparse.Namespace, counts: Counts
     return {**record, "ids": ids}
 
 
+def fill_synthetic(prefix: str, args: argparse.Namespace) -> dict[str, Any]:
+    """``args.runs`` parked runs on partition 0, their histories produced straight to the events
+    topic (``scale_embedded.synthetic_histories``): no worker wrote them, the cold restore is
+    the first to take them."""
+    ids = run_ids_on(0, args.runs, PARTITIONS, prefix[-8:])
+    topic = load_topology().names(prefix)[EVENTS]
+    producer = clients.new_producer(harness.BOOTSTRAP, {"linger.ms": 50})
+    began = time.monotonic()
+    events = 0
+    for history in synthetic_histories(ids):
+        key = history[0].run_id.encode()
+        for envelope in history:
+            value = codec.encode_event(envelope)
+            while True:
+                try:
+                    producer.produce(topic, value=value, key=key, partition=0)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            events += 1
+        producer.poll(0)
+        if events % 600_000 < len(history):
+            print(f"  {events:,} events produced", flush=True)
+    if producer.flush(120):
+        raise SystemExit("the synthetic events were not acknowledged in 120 s")
+    fill_s = time.monotonic() - began
+    print(f"produced {len(ids):,} suspended runs ({events:,} events) in {fill_s:.1f} s")
+    return {"runs": len(ids), "fill_s": round(fill_s, 1), "events_partition_0": events, "ids": ids}
+
+
 def restart(
     prefix: str, state_root: Path, kind: str, ids: list[str], counts: Counts, args: Any
 ) -> dict[str, Any]:
     """One worker over the filled partition: restore, then a signal to a few parked runs."""
-    events = counts.events[0]
+    events = args.events_partition_0
     with Watch(kind, lambda: _worker(prefix, state_root), _log(state_root)) as watch:
         restored = watch.wait(
             lambda: watch.all_owned_s is not None and watch.restored_first(0) is not None,
@@ -331,8 +381,14 @@ def restart(
             every=0.1,
         )
         probes = [r for r in ids if r not in counts.finished][: args.probes]
-        probe_s = None
+        probe_s = first_s = None
+        held: dict[str, Any] = {}
         if restored:
+            kib = status_kib(watch.worker.pid)
+            held = {
+                "rss_restored_mib": round(kib["VmRSS"] / 1024, 1),
+                "disk_bytes_per_run": round(disk_bytes(watch.worker.state_dir) / len(ids)),
+            }
             client = FlowClient(
                 Settings(
                     bootstrap=harness.BOOTSTRAP, topic_prefix=prefix, group=f"{prefix}-client"
@@ -344,6 +400,8 @@ def restart(
                 client.signal(run_id, SIGNAL, id=f"probe-{kind}-{run_id}")
             client.flush()
             until = max(args.timeout, sent_at + 30)
+            if watch.wait(lambda: not counts.finished.isdisjoint(probes), until, every=0.01):
+                first_s = watch.elapsed() - sent_at
             if watch.wait(lambda: counts.finished.issuperset(probes), until):
                 probe_s = watch.elapsed() - sent_at
             client.close()
@@ -364,7 +422,9 @@ def restart(
         "restores_logged": len(watch.restored),
         "partition_0_restores_logged": sum(p == 0 for p, _, _ in watch.restored),
         "probes": len(probes),
+        "first_probe_completed_s": _round(first_s),
         "probes_completed_s": _round(probe_s),
+        **held,
         "watched_s": round(watch.elapsed(), 1),
         **figures,
     }
@@ -376,11 +436,18 @@ def restart(
 def run_restore(args: argparse.Namespace, state_root: Path) -> list[dict[str, Any]]:
     prefix = harness.new_prefix("scale-restore")
     harness.apply_topics(prefix)
-    counts = Counts(prefix)
+    if args.fill == "synthetic":
+        filled = fill_synthetic(prefix, args)
+        filled["filler"] = {"producer_resets": None}
+        counts = Counts(prefix, from_end=True)
+    else:
+        counts = Counts(prefix)
     try:
-        filled = fill(prefix, state_root, args, counts)
+        if args.fill == "worker":
+            filled = fill(prefix, state_root, args, counts)
+            shutil.rmtree(state_root / "restorer")
         ids = filled.pop("ids")
-        shutil.rmtree(state_root / "restorer")
+        args.events_partition_0 = filled["events_partition_0"]
         records = []
         for kind in ("cold", "warm"):
             record = {**restart(prefix, state_root, kind, ids, counts, args), "prefix": prefix}
@@ -393,6 +460,20 @@ def run_restore(args: argparse.Namespace, state_root: Path) -> list[dict[str, An
                 break
     finally:
         counts.close()
+    if args.audit:
+        audit = {
+            "figure": "scale-audit",
+            "prefix": prefix,
+            "runs": len(ids),
+            "events": filled["events_partition_0"],
+            **audit_usage(["--bootstrap", harness.BOOTSTRAP, "--prefix", prefix]),
+        }
+        print(
+            f"audit of the topic ({len(ids):,} runs): {audit['audit_s']} s, peak RSS "
+            f"{audit['audit_peak_rss_mib']} MiB, exit {audit['audit_exit']}: "
+            f"{audit['audit_summary']}"
+        )
+        records.append(audit)
     return records
 
 
@@ -473,8 +554,10 @@ def _say(record: dict[str, Any]) -> None:
             f"{record['partition_0_restore_s']} s, "
             f"{record['partition_0_records_restored']} records, "
             f"{record['restore_records_per_s']}/s), "
-            f"all 8 owned at {record['all_owned_at_s']} s, {record['probes']} signalled runs "
-            f"completed in {record['probes_completed_s']} s; "
+            f"all 8 owned at {record['all_owned_at_s']} s, RSS then "
+            f"{record.get('rss_restored_mib')} MiB, disk {record.get('disk_bytes_per_run')} "
+            f"B/run; {record['probes']} signalled runs completed in "
+            f"{record['probes_completed_s']} s (the first {record['first_probe_completed_s']} s); "
             f"{record['partition_0_restores_logged']} restores of partition 0; {common}"
         )
     for line in record.get("last_log_lines", []):
@@ -484,10 +567,15 @@ def _say(record: dict[str, Any]) -> None:
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     # The restore log lines are at INFO.
     os.environ.setdefault("FLOWSTREAM_BENCH_LOG_LEVEL", "INFO")
-    started_broker = harness.ensure_broker()
+    started_broker = args.mode != "embedded" and harness.ensure_broker()
     records: list[dict[str, Any]] = []
     try:
         context = harness.machine()
+        if args.mode == "embedded":
+            record = {**scale_embedded.run_child(args), **context}
+            scale_embedded.say(record)
+            harness.emit(record, args.out)
+            return [record]
         for mode in ("restore", "burst"):
             if args.mode in (mode, "both"):
                 state_root = Path(tempfile.mkdtemp(prefix=f"scale-{mode}-", dir=args.data_dir))
@@ -509,7 +597,16 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=100_000)
-    parser.add_argument("--mode", choices=("restore", "burst", "both"), default="both")
+    parser.add_argument("--mode", choices=("restore", "burst", "both", "embedded"), default="both")
+    parser.add_argument(
+        "--fill",
+        choices=("worker", "synthetic"),
+        default="worker",
+        help="restore: a filler worker drives the runs, or their histories are produced",
+    )
+    parser.add_argument("--no-audit", dest="audit", action="store_false", help="skip the audit")
+    parser.add_argument("--concurrency", type=int, default=500, help="embedded: starts at once")
+    parser.add_argument("--no-inspect", dest="inspect", action="store_false", help="embedded")
     parser.add_argument("--timeout", type=float, default=600, help="longest wait of a phase, s")
     parser.add_argument("--fill-timeout", type=float, default=1800)
     parser.add_argument("--batch", type=int, default=500, help="starts produced at once (fill)")
