@@ -109,6 +109,8 @@ def seed(gateway: GatewayServer, tag: str, hook_token: str) -> dict[str, str]:
 def drive_console(page: Any, gateway: GatewayServer, folder: Path, mode: str) -> None:
     from playwright.sync_api import expect
 
+    # A shared CI machine under load draws and polls slower than the 5 s Playwright expects.
+    expect.set_options(timeout=30_000)
     hook_token = f"hook-{uuid.uuid4().hex}"
     ids = seed(gateway, uuid.uuid4().hex[:6], hook_token)
     shots = Shots(page, folder, mode)
