@@ -57,6 +57,9 @@ class Settings(FrozenModel):
     #: fifth of it). Raised to the brokers' ``group.min.session.timeout.ms`` if below.
     session_timeout_ms: int = Field(default=1_500, ge=1000)
     max_poll_interval_ms: int = Field(default=60_000, ge=1000)
+    #: How long one loop iteration takes decisions before its transaction is sealed (steps'
+    #: outcomes first, then new commands; what is left waits for the next iteration).
+    decision_budget_ms: int = Field(default=200, ge=1)
     #: A fired timer not applied within this many ms is fired again.
     timer_refire_ms: int = Field(default=30_000, ge=100)
     #: A failed workflow task is retried after this many ms, doubling up to the maximum.

@@ -22,9 +22,10 @@ timeout still ends the transaction, later.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from flowstream.kafka import clients
@@ -37,6 +38,13 @@ LOG = logging.getLogger("flowstream.processor")
 
 #: The longest an assignment waits for the fences (the coordinator's timeout is the fallback).
 _FENCE_S = 10.0
+#: Attempts per transactional id, started this far apart. The first ``InitProducerId`` of an id
+#: with a transaction open makes the coordinator abort it and answer "concurrent transactions"
+#: until the abort markers are written; librdkafka asks again only 500 ms later, whatever the
+#: retry backoff. Attempts staggered by a fraction of that learn sooner that the abort is done;
+#: each one that succeeds only bumps the dead writer's epoch again.
+_ATTEMPTS = 4
+_STAGGER_S = 0.12
 
 
 class OwnerFence:
@@ -83,8 +91,17 @@ class OwnerFence:
             return
         group = self.ctx.settings.group
         ids = [t for writer in sorted(writers) for t in transactional_ids(group, writer)]
-        with ThreadPoolExecutor(max_workers=len(ids), thread_name_prefix="fence") as pool:
-            done = list(pool.map(self._fence_one, ids))
+        answers: dict[str, queue.SimpleQueue[bool]] = {t: queue.SimpleQueue() for t in ids}
+        fenced = {t: threading.Event() for t in ids}
+        for attempt in range(_ATTEMPTS):
+            for t in ids:
+                threading.Thread(
+                    target=self._attempt,
+                    args=(t, attempt * _STAGGER_S, fenced[t], answers[t]),
+                    name=f"fence-{attempt}",
+                    daemon=True,
+                ).start()
+        done = [self._first_success(answers[t], began) for t in ids]
         self.fenced.extend(sorted(writers))
         self.ctx.metrics.owner_fences.inc(len(writers))
         LOG.info(
@@ -96,7 +113,27 @@ class OwnerFence:
             len(ids),
         )
 
-    def _fence_one(self, transactional_id: str) -> bool:
+    @staticmethod
+    def _first_success(answers: queue.SimpleQueue[bool], began: float) -> bool:
+        """Whether an attempt fenced the id, as soon as one did (the others end by themselves)."""
+        for _ in range(_ATTEMPTS):
+            try:
+                if answers.get(timeout=max(0.0, began + _FENCE_S + 1 - time.monotonic())):
+                    return True
+            except queue.Empty:
+                return False
+        return False
+
+    def _attempt(
+        self,
+        transactional_id: str,
+        delay: float,
+        fenced: threading.Event,
+        answers: queue.SimpleQueue[bool],
+    ) -> None:
+        if fenced.wait(delay):
+            answers.put(False)
+            return
         producer = clients.new_transactional_producer(
             self.ctx.settings.bootstrap,
             transactional_id,
@@ -110,10 +147,12 @@ class OwnerFence:
         )
         try:
             producer.init_transactions(_FENCE_S)
-            return True
+            fenced.set()
+            answers.put(True)
         except clients.KafkaException as exc:
-            LOG.info("transactional id %s not fenced (%s)", transactional_id, exc)
-            return False
+            if delay == 0:
+                LOG.info("transactional id %s not fenced (%s)", transactional_id, exc)
+            answers.put(False)
         finally:
             producer.flush(0)
 

@@ -59,10 +59,9 @@ LOG = logging.getLogger("flowstream.processor")
 
 #: While steps run, the loop waits this long at most for an outcome before polling again.
 _STEP_WAIT_S = 0.002
-#: How long one iteration takes decisions (commands, step outcomes) before the open
-#: transaction is sealed: the rest wait for the next, so no transaction grows towards its
-#: timeout however many commands arrive at once.
-DECISION_BUDGET_S = 0.2
+# How long one iteration takes decisions (step outcomes, then commands) before the open
+# transaction is sealed is ``Settings.decision_budget_ms``: the rest wait for the next, so no
+# transaction grows towards its timeout however many commands arrive at once.
 #: The share of the transaction timeout a transaction may be open and still take decisions.
 MAX_OPEN_SHARE = 0.3
 #: ... and never for longer than this, whatever the timeout: a transaction's size sets how long
@@ -117,6 +116,7 @@ class Processor:
         # Commands consumed but not applied yet: an iteration's decisions stop at the budget.
         self._backlog: deque[Any] = deque()
         self._fatal: BaseException | None = None
+        self._decision_budget_s = settings.decision_budget_ms / 1000
         # A transaction open on Kafka longer than this takes no more decisions: well inside the
         # transaction timeout, whatever the commit before it costs.
         self._max_open_s = min(MAX_OPEN_S, MAX_OPEN_SHARE * settings.transaction_timeout_ms / 1000)
@@ -156,7 +156,7 @@ class Processor:
             pipeline.settle()
         pipeline.release()
         messages = await self._poll()
-        until = pipeline.decisions_until(DECISION_BUDGET_S, self._max_open_s)
+        until = pipeline.decisions_until(self._decision_budget_s, self._max_open_s)
         if self._fatal is not None:
             raise self._fatal
         self.metrics.owned_partitions.set(len(self.tasks.active()))
@@ -171,6 +171,9 @@ class Processor:
         self.sweeper.scan()
         if self.sweeper.pending() and time.monotonic() < until:
             await self.sweeper.sweep()
+        # Outcomes of steps before new commands: the runs already under way finish first, so a
+        # backlog of starts (more than an iteration decides) cannot starve them.
+        await self.steps.chain(deadline=until)
         for at, message in enumerate(messages):
             if time.monotonic() > until:
                 self._backlog.extend(messages[at:])  # the next iteration, after a seal
