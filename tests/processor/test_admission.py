@@ -125,7 +125,9 @@ def test_kafka_retry_drives_a_run_again_after_a_fix(
     cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fixed = tmp_path / "fixed"
-    cluster.start("w1", app=FRAGILE_APP)
+    # No automatic task retry within the test: on a loaded machine it can drive the fixed run
+    # before the operator's retry arrives (which then answers noop).
+    cluster.start("w1", {"FLOWSTREAM_TASK_RETRY_INITIAL_MS": "240000"}, app=FRAGILE_APP)
     _start_fragile(cluster, "fragile-2", fixed)
     fixed.touch()
     where = ["--bootstrap", cluster.bootstrap, "--prefix", cluster.prefix]
