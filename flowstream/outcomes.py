@@ -173,7 +173,11 @@ class OutcomeReader:
             batch = [] if first is None else [first, *reader.consume(500, timeout=0)]
             for message in batch:
                 for outcome in wire.outcomes_of([message], command_id):
-                    return outcome, int(message.timestamp()[1]), int(message.offset())
+                    # Only the answer of the run it went to: a chain that comes back to a
+                    # partition left the forwards of its earlier hops there, in the window
+                    # read from (following one again went round the chain until the limit).
+                    if outcome.key == key:
+                        return outcome, int(message.timestamp()[1]), int(message.offset())
 
     def _offset_at(self, partition: int, written_ms: int, deadline: float) -> int:
         """The first offset of an outcomes partition written at ``written_ms`` or later."""

@@ -145,3 +145,24 @@ def test_an_outcome_means_a_return_or_the_embedded_engine_s_error() -> None:
     with pytest.raises(CommandParkedError, match="build b-2 is not served") as built:
         answer(waiting)
     assert not isinstance(built.value, RunNotFoundError)
+
+
+def test_a_chain_that_comes_back_to_a_partition_is_followed_to_its_end() -> None:
+    """A control sent to a chain's root goes on hop by hop; when a later hop lives on a
+    partition an earlier one forwarded from, the earlier forward (of the same command, in the
+    window the reader jumps to) is not followed again: only the answer of the run it went to."""
+    root = "root-0"
+    home = partition_for(root, PARTITIONS)
+    second = next(
+        k for k in (f"hop-{i}" for i in range(1000)) if partition_for(k, PARTITIONS) != home
+    )
+    third = next(
+        k for k in (f"leaf-{i}" for i in range(1000)) if partition_for(k, PARTITIONS) == home
+    )
+    away = partition_for(second, PARTITIONS)
+    fake = FakeConsumer()
+    fake.add(home, outcome(OutcomeStatus.FORWARDED, key=root, forwarded_to=second))
+    fake.add(away, outcome(OutcomeStatus.FORWARDED, key=second, forwarded_to=third))
+    fake.add(home, outcome(OutcomeStatus.APPLIED, key=third))
+    found = reader(fake).wait("c-1", root, home, 0, deadline=float("inf"))
+    assert (found.status, found.key) == (OutcomeStatus.APPLIED, third)
