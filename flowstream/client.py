@@ -29,9 +29,14 @@ from typing import Any
 from pydantic import SecretStr
 
 from flowstream import codec, wire
-from flowstream.errors import CorruptHistoryError, FlowError, RunNotFoundError
+from flowstream.errors import (
+    CorruptHistoryError,
+    FlowError,
+    PayloadTooLargeError,
+    RunNotFoundError,
+)
 from flowstream.kafka import clients
-from flowstream.model.base import JSON
+from flowstream.model.base import JSON, validate_run_id
 from flowstream.model.events import EventEnvelope
 from flowstream.model.messages import (
     CancelRun,
@@ -51,6 +56,7 @@ from flowstream.partitioning import partition_for
 from flowstream.replay.decide import token_digest
 from flowstream.replay.state import RunState
 from flowstream.settings import Settings
+from flowstream.stores.base import MAX_EVENT_BYTES
 from flowstream.topology import (
     CMD_CANCEL,
     CMD_HOOK,
@@ -118,6 +124,11 @@ class FlowClient:
         when ``None``), return its outcome or raise what it means (:func:`answer`)."""
         waiting = self.wait_outcomes if wait is None else wait
         seconds = self.outcome_timeout if timeout is None else timeout
+        value = codec.encode_message(command)
+        if len(value) > MAX_EVENT_BYTES:
+            # As the engine refuses the event it would write (a broker refuses it anyway).
+            run_id = getattr(command, "run_id", None) or key
+            raise PayloadTooLargeError(run_id, len(value), MAX_EVENT_BYTES)
         partition = partition_for(key, self.partitions)
         deadline = time.monotonic() + seconds
         # Its outcome is written after it, so after the end the outcomes partition has now (a
@@ -126,7 +137,7 @@ class FlowClient:
         start = self._reader.end(partition, patience) if waiting else None
         self._producer.produce(
             self.topics[suffix],
-            value=codec.encode_message(command),
+            value=value,
             key=key.encode(),
             partition=partition,
         )
@@ -150,6 +161,7 @@ class FlowClient:
     ) -> CommandOutcome | None:
         """Start ``run_id`` (idempotent for the same spec and input; another raises
         ``RunConflictError``). Returns the outcome when it waited for it."""
+        validate_run_id(run_id)  # InvalidIdentifierError, as the engine raises
         command = StartRun(
             run_id=run_id, spec=spec, input=input, command_id=command_id or new_command_id()
         )
@@ -168,6 +180,7 @@ class FlowClient:
     ) -> CommandOutcome | None:
         """Send signal ``name`` to ``run_id``, once per ``id`` (the order of the engine's
         ``signal``, the handles' and the CLI's ``kafka signal RUN NAME --id ID``)."""
+        validate_run_id(run_id)  # InvalidIdentifierError, as the engine raises
         command = SendSignal(
             run_id=run_id,
             signal_id=id,
@@ -187,6 +200,7 @@ class FlowClient:
         wait: bool | None = None,
         timeout: float | None = None,
     ) -> CommandOutcome | None:
+        validate_run_id(run_id)
         command = ResumeHook(
             run_id=run_id,
             hook_id=hook_id,
@@ -220,6 +234,7 @@ class FlowClient:
         wait: bool | None = None,
         timeout: float | None = None,
     ) -> CommandOutcome | None:
+        validate_run_id(run_id)
         command = DisposeHook(
             run_id=run_id, hook_id=hook_id, command_id=command_id or new_command_id()
         )
@@ -235,6 +250,7 @@ class FlowClient:
         wait: bool | None = None,
         timeout: float | None = None,
     ) -> CommandOutcome | None:
+        validate_run_id(run_id)
         command = CancelRun(
             run_id=run_id, reason=reason, force=force, command_id=command_id or new_command_id()
         )
@@ -251,6 +267,7 @@ class FlowClient:
         """Ask the run's owner to drive it again now (after its code or a dependency was fixed).
         A run that ended answers with a no-op; one that does not exist raises
         ``RunNotFoundError``."""
+        validate_run_id(run_id)
         command = RetryRun(run_id=run_id, command_id=command_id or new_command_id())
         return self._send(CMD_CANCEL, run_id, command, wait, timeout)
 

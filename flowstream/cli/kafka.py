@@ -62,7 +62,12 @@ from flowstream.cli.inspect import (
 from flowstream.cli.options import JSON_FORMS, add_start_arguments, json_value
 from flowstream.cli.repartition import register as register_repartition
 from flowstream.client import FlowClient
-from flowstream.errors import CommandParkedError, FlowError, RunNotFoundError
+from flowstream.errors import (
+    CommandParkedError,
+    FlowError,
+    InvalidIdentifierError,
+    RunNotFoundError,
+)
 from flowstream.kafka import clients
 from flowstream.model.base import JSON
 from flowstream.model.messages import CommandOutcome
@@ -284,6 +289,9 @@ def _handler(
             return 2
         except ValidationError as exc:
             print(f"{prefix} {problems(exc)}", file=sys.stderr)
+            return 2
+        except InvalidIdentifierError as exc:  # a bad run id, refused before anything is sent
+            print(f"{prefix} {exc}", file=sys.stderr)
             return 2
         except CommandParkedError as exc:
             print(f"flowstream kafka {args.verb}: parked: {exc}", file=sys.stderr)

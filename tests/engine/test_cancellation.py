@@ -1,6 +1,10 @@
 """Cancellation (issue 4): a durable, idempotent request; open work made non-actionable; cleanup
 with new ids; ``cancel()`` (or ``fail``) to finish; ``complete`` refused while cancelling; and
-``force_cancel`` that ends a run without running workflow code."""
+``force_cancel`` that ends a run without running workflow code.
+
+The scenarios take ``flows`` and run in both modes (``tests.support.flows``). The tests on the
+``store`` fixture stop a handler with a simulated crash, plant a history, or start a run
+without driving it, which have no Kafka analogue; docs/parity.md lists them."""
 
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from tests.support import (
     spec,
     task_failed,
 )
+from tests.support.flows import Flows
 
 SPEC = spec("cancellable", signal_names=("go",))
 LATER = EPOCH + timedelta(hours=1)
@@ -55,13 +60,11 @@ def cleanup(invocation: StepInvocation) -> object:
     return "cleaned"
 
 
-def test_a_cancellation_request_runs_cleanup_then_cancels(
-    store: EventStore, clock: FakeClock
-) -> None:
+def test_a_cancellation_request_runs_cleanup_then_cancels(flows: Flows) -> None:
     runtime = make_runtime(parked("hook"), {"cleanup": cleanup})
-    engine = FlowEngine(store, runtime, clock=clock)
-    run(engine.start("r1", SPEC))
-    snapshot = run(engine.request_cancellation("r1", "customer asked"))
+    flow = flows(runtime)
+    flow.start("r1", SPEC)
+    snapshot = flow.cancel("r1", "customer asked")
 
     assert snapshot.status is RunStatus.CANCELLED
     assert snapshot.error == "customer asked"
@@ -69,7 +72,7 @@ def test_a_cancellation_request_runs_cleanup_then_cancels(
     assert snapshot.hooks["h"].status is HookStatus.CANCELLED
     assert snapshot.steps["cleanup"].output == "cleaned"
     assert snapshot.cancellation is not None and snapshot.cancellation.reason == "customer asked"
-    types = event_types(store.read("r1"))
+    types = event_types(flow.history("r1"))
     assert types[3:] == [
         "run_cancellation_requested",
         "step_created",
@@ -129,7 +132,7 @@ def test_a_running_step_is_cancelled_and_cannot_be_rescheduled(
 
 
 def test_a_cancellation_request_is_idempotent_and_conflicts_on_another_reason(
-    store: EventStore, clock: FakeClock
+    flows: Flows,
 ) -> None:
     def waits_for_cleanup_hook(ctx: WorkflowContext) -> RuntimeCommand:
         if ctx.cancellation_request() is None:
@@ -138,88 +141,88 @@ def test_a_cancellation_request_is_idempotent_and_conflicts_on_another_reason(
             return ctx.create_hook("cleanup", "cleanup-token")
         return ctx.cancel()
 
-    engine = FlowEngine(store, make_runtime(waits_for_cleanup_hook), clock=clock)
-    run(engine.start("r1", SPEC))
-    first = run(engine.request_cancellation("r1", "stop"))
+    flow = flows(make_runtime(waits_for_cleanup_hook))
+    flow.start("r1", SPEC)
+    first = flow.cancel("r1", "stop")
     assert first.status is RunStatus.CANCELLING
-    run(engine.request_cancellation("r1", "stop"))
-    assert len(events_of(store.read("r1"), "run_cancellation_requested")) == 1
+    flow.cancel("r1", "stop")
+    assert len(events_of(flow.history("r1"), "run_cancellation_requested")) == 1
     with pytest.raises(RunConflictError):
-        run(engine.request_cancellation("r1", "another reason"))
-    assert run(engine.resume_hook("r1", "cleanup", None)).status is RunStatus.CANCELLED
-    terminal = run(engine.request_cancellation("r1", "stop"))
+        flow.cancel("r1", "another reason")
+    assert flow.resume_hook("r1", "cleanup", None).status is RunStatus.CANCELLED
+    terminal = flow.cancel("r1", "stop")
     assert terminal.status is RunStatus.CANCELLED
-    assert event_types(store.read("r1"))[-1] == "run_cancelled"
+    assert event_types(flow.history("r1"))[-1] == "run_cancelled"
 
 
-def test_complete_while_cancelling_is_an_invalid_transition(
-    store: EventStore, clock: FakeClock
-) -> None:
+def test_complete_while_cancelling_is_an_invalid_transition(flows: Flows) -> None:
     def completes(ctx: WorkflowContext) -> RuntimeCommand:
         if ctx.cancellation_request() is None and not ctx.hook_received("h"):
             return ctx.create_hook("h", "complete-token")
         return ctx.complete("done anyway")
 
-    engine = FlowEngine(store, make_runtime(completes), clock=clock)
-    run(engine.start("r1", SPEC))
-    snapshot = run(engine.request_cancellation("r1", "stop"))
-    caught = task_failed(snapshot, store.read("r1"), error=InvalidTransitionError)
+    flow = flows(make_runtime(completes))
+    flow.start("r1", SPEC)
+    snapshot = flow.cancel("r1", "stop")
+    caught = task_failed(snapshot, flow.history("r1"), error=InvalidTransitionError)
     assert "cancel" in caught.message
-    assert event_types(store.read("r1"))[-2] == "run_cancellation_requested"
-    assert engine.snapshot("r1").status is RunStatus.CANCELLING
+    assert event_types(flow.history("r1"))[-2] == "run_cancellation_requested"
+    assert flow.snapshot("r1").status is RunStatus.CANCELLING
 
 
-def test_fail_while_cancelling_is_allowed(store: EventStore, clock: FakeClock) -> None:
+def test_fail_while_cancelling_is_allowed(flows: Flows) -> None:
     def fails(ctx: WorkflowContext) -> RuntimeCommand:
         if ctx.cancellation_request() is None:
             return ctx.create_hook("h", "fail-token")
         return ctx.fail("could not clean up")
 
-    engine = FlowEngine(store, make_runtime(fails), clock=clock)
-    run(engine.start("r1", SPEC))
-    snapshot = run(engine.request_cancellation("r1", "stop"))
+    flow = flows(make_runtime(fails))
+    flow.start("r1", SPEC)
+    snapshot = flow.cancel("r1", "stop")
     assert snapshot.status is RunStatus.FAILED
     assert snapshot.error == "could not clean up"
 
 
-def test_cancel_without_a_request_is_an_invalid_transition(store: EventStore) -> None:
-    engine = FlowEngine(store, make_runtime(lambda ctx: ctx.cancel()))
-    snapshot = run(engine.start("r1", SPEC))
-    caught = task_failed(snapshot, store.read("r1"), error=InvalidTransitionError)
+def test_cancel_without_a_request_is_an_invalid_transition(flows: Flows) -> None:
+    flow = flows(make_runtime(lambda ctx: ctx.cancel()))
+    snapshot = flow.start("r1", SPEC)
+    caught = task_failed(snapshot, flow.history("r1"), error=InvalidTransitionError)
     assert "cancellation request" in caught.message
-    assert event_types(store.read("r1")) == ["run_created", "run_started", "workflow_task_failed"]
+    assert event_types(flow.history("r1")) == [
+        "run_created",
+        "run_started",
+        "workflow_task_failed",
+    ]
 
 
-def test_force_cancel_ends_the_run_without_workflow_code(
-    store: EventStore, clock: FakeClock
-) -> None:
+def test_force_cancel_ends_the_run_without_workflow_code(flows: Flows) -> None:
     runtime = make_runtime(parked("wait"), {"cleanup": cleanup})
-    engine = FlowEngine(store, runtime, clock=clock)
-    run(engine.start("r1", SPEC))
+    flow = flows(runtime)
+    flow.start("r1", SPEC)
     calls = len(runtime.workflow_calls)
-    snapshot = run(engine.force_cancel("r1", "operator"))
+    snapshot = flow.cancel("r1", "operator", force=True)
     assert snapshot.status is RunStatus.CANCELLED
     assert snapshot.error == "operator"
     assert len(runtime.workflow_calls) == calls
     assert runtime.step_calls == []
-    assert event_types(store.read("r1"))[-1] == "run_cancelled"
-    assert engine.next_wakeup() is None
-    again = run(engine.force_cancel("r1", "twice"))
+    assert event_types(flow.history("r1"))[-1] == "run_cancelled"
+    assert flow.next_wakeup() is None
+    again = flow.cancel("r1", "twice", force=True)
     assert again.error == "operator"
-    assert len(events_of(store.read("r1"), "run_cancelled")) == 1
+    assert len(events_of(flow.history("r1"), "run_cancelled")) == 1
 
 
-def test_force_cancel_frees_the_hook_token(store: EventStore, clock: FakeClock) -> None:
+def test_force_cancel_frees_the_hook_token(flows: Flows) -> None:
     def approval(ctx: WorkflowContext) -> RuntimeCommand:
         if not ctx.hook_received("h"):
             return ctx.create_hook("h", "cancel-test-token")
         return ctx.complete(ctx.hook_payload("h"))
 
-    engine = FlowEngine(store, make_runtime(approval), clock=clock)
-    run(engine.start("r1", SPEC))
-    run(engine.force_cancel("r1"))
-    assert run(engine.start("r2", SPEC)).status is RunStatus.SUSPENDED
-    assert run(engine.resume_hook_by_token("cancel-test-token", 1)).run_id == "r2"
+    flow = flows(make_runtime(approval))
+    flow.start("r1", SPEC)
+    flow.cancel("r1", force=True)
+    assert flow.start("r2", SPEC).status is RunStatus.SUSPENDED
+    assert flow.resume_hook_by_token("cancel-test-token", 1).run_id == flow.id("r2")
 
 
 def test_force_cancel_of_a_pending_run(store: EventStore, clock: FakeClock) -> None:

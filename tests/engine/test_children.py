@@ -1,6 +1,11 @@
 """Child workflows (issue 4): single and batch requests, requests durable before any child runs,
 resolutions recorded in request order, outcomes seen by the parent, cancellation policies, the
-depth limit, and repair of a child whose creation was lost."""
+depth limit, and repair of a child whose creation was lost.
+
+The scenarios take ``flows`` and run in both modes (``tests.support.flows``); on Kafka the
+children live on other partitions and report by command. The tests on the ``store`` fixture
+plant histories (a lost creation, old links, a drifted batch, a cycle) or set the engine's
+child-depth option, which a processor does not take; docs/parity.md lists them."""
 
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ from flowstream.replay.context import StepInvocation, WorkflowContext
 from flowstream.replay.decide import derived_run_id
 from flowstream.stores.base import EventStore
 from tests.support import FakeClock, event_types, events_of, make_runtime, run, spec, task_failed
+from tests.support.flows import EmbeddedFlow, Flows
 
 PARENT = spec("parent")
 CHILD = spec("child")
@@ -75,49 +81,47 @@ def runtime_for(parent_fn, **steps):  # type: ignore[no-untyped-def]
     return make_runtime({"parent": parent_fn, "child": child}, {"double": double, **steps})
 
 
-def test_a_child_runs_and_the_parent_records_its_outcome(
-    store: EventStore, clock: FakeClock
-) -> None:
-    engine = FlowEngine(store, runtime_for(one_child({"n": 21})), clock=clock)
-    snapshot = run(engine.start("p1", PARENT))
+def test_a_child_runs_and_the_parent_records_its_outcome(flows: Flows) -> None:
+    flow = flows(runtime_for(one_child({"n": 21})))
+    snapshot = flow.start("p1", PARENT)
     assert snapshot.status is RunStatus.COMPLETED
     assert snapshot.output == {"type": "completed", "output": 42}
     child_run = snapshot.children["c"].run_id
-    assert child_run == derived_run_id("p1", "child", "c")
-    assert event_types(store.read("p1"))[2:4] == [
+    assert child_run == derived_run_id(flow.id("p1"), "child", "c")
+    assert event_types(flow.history("p1"))[2:4] == [
         "child_workflow_requested",
         "child_workflow_resolved",
     ]
-    child_snapshot = engine.snapshot(child_run)
+    child_snapshot = flow.snapshot(child_run)
     assert child_snapshot.status is RunStatus.COMPLETED
     assert child_snapshot.parent is not None
-    assert (child_snapshot.parent.run_id, child_snapshot.parent.child_id) == ("p1", "c")
+    assert (child_snapshot.parent.run_id, child_snapshot.parent.child_id) == (flow.id("p1"), "c")
     assert child_snapshot.spec == CHILD
 
 
-def test_a_failed_child_is_an_outcome_for_the_parent(store: EventStore, clock: FakeClock) -> None:
-    engine = FlowEngine(store, runtime_for(one_child({"n": 1, "fail": True})), clock=clock)
-    snapshot = run(engine.start("p1", PARENT))
+def test_a_failed_child_is_an_outcome_for_the_parent(flows: Flows) -> None:
+    flow = flows(runtime_for(one_child({"n": 1, "fail": True})))
+    snapshot = flow.start("p1", PARENT)
     assert snapshot.status is RunStatus.COMPLETED
     assert snapshot.output == {"type": "failed", "error": "child refused"}
 
 
 def test_a_suspended_child_suspends_the_parent_and_its_completion_wakes_it(
-    store: EventStore, clock: FakeClock
+    flows: Flows,
 ) -> None:
     runtime = runtime_for(one_child({"n": 5, "hook": True}))
-    engine = FlowEngine(store, runtime, clock=clock)
-    snapshot = run(engine.start("p1", PARENT))
+    flow = flows(runtime)
+    snapshot = flow.start("p1", PARENT)
     assert snapshot.status is RunStatus.SUSPENDED
     child_run = snapshot.children["c"].run_id
-    assert engine.snapshot(child_run).status is RunStatus.SUSPENDED
-    parent_calls = len(runtime.workflow_calls_of("p1"))
-    run(engine.drive("p1"))
-    assert len(runtime.workflow_calls_of("p1")) == parent_calls
+    assert flow.snapshot(child_run).status is RunStatus.SUSPENDED
+    parent_calls = len(runtime.workflow_calls_of(flow.id("p1")))
+    flow.retry("p1")
+    assert len(runtime.workflow_calls_of(flow.id("p1"))) == parent_calls
 
-    run(engine.resume_hook(child_run, "h", "ok"))
-    assert engine.snapshot(child_run).status is RunStatus.COMPLETED
-    assert engine.snapshot("p1").output == {"type": "completed", "output": 10}
+    flow.resume_hook(child_run, "h", "ok")
+    assert flow.snapshot(child_run).status is RunStatus.COMPLETED
+    assert flow.snapshot("p1").output == {"type": "completed", "output": 10}
 
 
 def batch_parent(ids: list[str]):  # type: ignore[no-untyped-def]
@@ -133,13 +137,14 @@ def batch_parent(ids: list[str]):  # type: ignore[no-untyped-def]
 
 
 def test_a_batch_of_children_is_requested_atomically_and_resolved_in_order(
-    store: EventStore, clock: FakeClock
+    flows: Flows,
 ) -> None:
     seen_requests: list[list[str]] = []
+    flow: EmbeddedFlow | None = None
 
     def watching_child(ctx: WorkflowContext) -> RuntimeCommand:
-        if not ctx.step_completed("double"):
-            parent_history = store.read("p1")
+        if flow is not None and not ctx.step_completed("double"):
+            parent_history = flow.store.read("p1")
             seen_requests.append(
                 [e.child_id for e in events_of(parent_history, "child_workflow_requested")]
             )
@@ -148,65 +153,76 @@ def test_a_batch_of_children_is_requested_atomically_and_resolved_in_order(
     runtime = make_runtime(
         {"parent": batch_parent(["a", "b", "c"]), "child": watching_child}, {"double": double}
     )
-    snapshot = run(FlowEngine(store, runtime, clock=clock).start("p1", PARENT))
+    made = flows(runtime)
+    if isinstance(made, EmbeddedFlow):
+        flow = made
+    snapshot = made.start("p1", PARENT)
     assert snapshot.output == [2, 4, 6]
-    assert seen_requests and all(r == ["a", "b", "c"] for r in seen_requests)
-    history = store.read("p1")
+    if flow is not None:
+        assert seen_requests and all(r == ["a", "b", "c"] for r in seen_requests)
+    # (On Kafka a child's code cannot read its parent's partition: its start is sent in the
+    # transaction that records the whole batch, so no child exists before the batch does.)
+    history = made.history("p1")
     requested = [e for e in history if e.event.type == "child_workflow_requested"]
     assert len({e.timestamp for e in requested}) == 1  # one atomic append
     assert [e.sequence for e in requested] == [3, 4, 5]
     resolved = [e.child_id for e in events_of(history, "child_workflow_resolved")]
-    assert resolved == ["a", "b", "c"]
+    if made.mode == "embedded":
+        assert resolved == ["a", "b", "c"]
+    else:
+        # Difference by design (docs/parity.md, "children report as they end"): each child
+        # lives on its own partition, and the parent records its outcome when it arrives.
+        assert sorted(resolved) == ["a", "b", "c"]
 
 
 @pytest.mark.parametrize(("ids", "fragment"), [([], "at least one"), (["a", "a"], "unique")])
-def test_invalid_child_batches_append_nothing(
-    store: EventStore, ids: list[str], fragment: str
-) -> None:
+def test_invalid_child_batches_append_nothing(flows: Flows, ids: list[str], fragment: str) -> None:
     runtime = runtime_for(
         lambda ctx: ctx.start_child_workflows([ctx.child_workflow(i, CHILD, {"n": 1}) for i in ids])
     )
-    snapshot = run(FlowEngine(store, runtime).start("p1", PARENT))
-    caught = task_failed(snapshot, store.read("p1"), error=InvalidTransitionError)
+    flow = flows(runtime)
+    snapshot = flow.start("p1", PARENT)
+    caught = task_failed(snapshot, flow.history("p1"), error=InvalidTransitionError)
     assert fragment in caught.message
-    assert event_types(store.read("p1")) == ["run_created", "run_started", "workflow_task_failed"]
-    assert store.list_runs() == ["p1"]
+    assert event_types(flow.history("p1")) == [
+        "run_created",
+        "run_started",
+        "workflow_task_failed",
+    ]
+    assert not any(flow.exists(derived_run_id(flow.id("p1"), "child", i)) for i in ids)
 
 
-def test_rescheduling_a_resolved_child_is_an_invalid_transition(store: EventStore) -> None:
+def test_rescheduling_a_resolved_child_is_an_invalid_transition(flows: Flows) -> None:
     runtime = runtime_for(lambda ctx: ctx.start_child_workflow("c", CHILD, {"n": 1}))
-    snapshot = run(FlowEngine(store, runtime).start("p1", PARENT))
-    caught = task_failed(snapshot, store.read("p1"), error=InvalidTransitionError)
+    flow = flows(runtime)
+    snapshot = flow.start("p1", PARENT)
+    caught = task_failed(snapshot, flow.history("p1"), error=InvalidTransitionError)
     assert "resolved" in caught.message
-    assert len(runtime.workflow_calls_of("p1")) == 2
+    assert len(runtime.workflow_calls_of(flow.id("p1"))) == 2
 
 
-def test_cancelling_a_parent_requests_cancellation_of_its_child(
-    store: EventStore, clock: FakeClock
-) -> None:
-    engine = FlowEngine(store, runtime_for(one_child({"n": 1, "hook": True})), clock=clock)
-    child_run = run(engine.start("p1", PARENT)).children["c"].run_id
-    snapshot = run(engine.request_cancellation("p1", "customer left"))
+def test_cancelling_a_parent_requests_cancellation_of_its_child(flows: Flows) -> None:
+    flow = flows(runtime_for(one_child({"n": 1, "hook": True})))
+    child_run = flow.start("p1", PARENT).children["c"].run_id
+    snapshot = flow.cancel("p1", "customer left")
     assert snapshot.status is RunStatus.CANCELLED
     assert snapshot.children["c"].outcome is not None
     assert snapshot.children["c"].outcome.type == "cancelled"
-    child_snapshot = engine.snapshot(child_run)
+    child_snapshot = flow.snapshot(child_run)
     assert child_snapshot.status is RunStatus.CANCELLED
     assert child_snapshot.cancellation is not None
     assert child_snapshot.cancellation.reason == "customer left"
 
 
-def test_an_abandoned_child_keeps_running_when_its_parent_is_cancelled(
-    store: EventStore, clock: FakeClock
-) -> None:
-    engine = FlowEngine(store, runtime_for(one_child({"n": 4, "hook": True}, ABANDON)), clock=clock)
-    child_run = run(engine.start("p1", PARENT)).children["c"].run_id
-    snapshot = run(engine.request_cancellation("p1", "stop"))
+def test_an_abandoned_child_keeps_running_when_its_parent_is_cancelled(flows: Flows) -> None:
+    flow = flows(runtime_for(one_child({"n": 4, "hook": True}, ABANDON)))
+    child_run = flow.start("p1", PARENT).children["c"].run_id
+    snapshot = flow.cancel("p1", "stop")
     assert snapshot.status is RunStatus.CANCELLED
-    child_snapshot = engine.snapshot(child_run)
+    child_snapshot = flow.snapshot(child_run)
     assert child_snapshot.status is RunStatus.SUSPENDED
     assert child_snapshot.cancellation is None
-    assert run(engine.resume_hook(child_run, "h", 1)).status is RunStatus.COMPLETED
+    assert flow.resume_hook(child_run, "h", 1).status is RunStatus.COMPLETED
 
 
 @pytest.mark.parametrize(
@@ -217,15 +233,17 @@ def test_an_abandoned_child_keeps_running_when_its_parent_is_cancelled(
     ],
 )
 def test_force_cancel_follows_the_child_policy(
-    store: EventStore, clock: FakeClock, policy: ChildCancellationPolicy, child_status: RunStatus
+    flows: Flows, policy: ChildCancellationPolicy, child_status: RunStatus
 ) -> None:
     runtime = runtime_for(one_child({"n": 4, "hook": True}, policy))
-    engine = FlowEngine(store, runtime, clock=clock)
-    child_run = run(engine.start("p1", PARENT)).children["c"].run_id
+    flow = flows(runtime)
+    child_run = flow.start("p1", PARENT).children["c"].run_id
     calls = len(runtime.workflow_calls)
-    snapshot = run(engine.force_cancel("p1", "now"))
+    snapshot = flow.cancel("p1", "now", force=True)
     assert snapshot.status is RunStatus.CANCELLED
-    assert engine.snapshot(child_run).status is child_status
+    # On Kafka the child lives elsewhere and is sent a forced cancel; the parent does not wait
+    # for it (docs/parity.md, "effects on other runs arrive later").
+    flow.until(child_run, lambda child: child.status is child_status)
     assert len(runtime.workflow_calls) == calls  # no workflow code ran
 
 
@@ -292,9 +310,7 @@ def test_force_cancel_with_a_lost_child_creation_still_cancels(
     assert snapshot.status is RunStatus.CANCELLED
 
 
-def test_a_child_that_continues_as_new_resolves_with_its_last_outcome(
-    store: EventStore, clock: FakeClock
-) -> None:
+def test_a_child_that_continues_as_new_resolves_with_its_last_outcome(flows: Flows) -> None:
     def looping_child(ctx: WorkflowContext) -> RuntimeCommand:
         assert isinstance(ctx.input, int)
         if ctx.input < 3:
@@ -307,16 +323,14 @@ def test_a_child_that_continues_as_new_resolves_with_its_last_outcome(
             return ctx.start_child_workflow("loop", CHILD, 0)
         return ctx.complete(outcome.model_dump(mode="json", exclude_none=True))
 
-    engine = FlowEngine(
-        store, make_runtime({"parent": parent, "child": looping_child}), clock=clock
-    )
-    snapshot = run(engine.start("p1", PARENT))
+    flow = flows(make_runtime({"parent": parent, "child": looping_child}))
+    snapshot = flow.start("p1", PARENT)
     assert snapshot.output == {"type": "completed", "output": 3}
-    chain = engine.continuation_chain(snapshot.children["loop"].run_id)
+    chain = flow.continuation_chain(snapshot.children["loop"].run_id)
     assert len(chain) == 4
     for hop, (predecessor, successor) in enumerate(pairwise(chain), start=1):
-        assert store.state(successor).parent == ParentLink(
-            run_id=predecessor, continued=True, hop=hop, child_id="loop", reports_to="p1"
+        assert flow.state(successor).parent == ParentLink(
+            run_id=predecessor, continued=True, hop=hop, child_id="loop", reports_to=flow.id("p1")
         )
 
 

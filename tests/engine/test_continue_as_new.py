@@ -1,6 +1,11 @@
 """continue_as_new (issue 4): the run ends as continued-as-new and a successor starts with the new
 input and the identical spec; the chain can be listed; open signals block it; a crash between the
-link and the successor's creation is repaired without duplication."""
+link and the successor's creation is repaired without duplication.
+
+The scenarios take ``flows`` and run in both modes (``tests.support.flows``); on Kafka a chain's
+runs spread over partitions. The tests on the ``store`` fixture plant histories (a crash before
+the successor, a mismatched successor, a cycle) or compare engines with other options over one
+store; docs/parity.md lists them."""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from flowstream.model.snapshot import RunStatus, WorkflowRunSnapshot
 from flowstream.replay.context import WorkflowContext
 from flowstream.stores.base import EventStore
 from tests.support import FakeClock, event_types, events_of, make_runtime, run, spec, task_failed
+from tests.support.flows import Flows
 
 SPEC = spec(
     "looper",
@@ -45,45 +51,38 @@ def counter(ctx: WorkflowContext) -> RuntimeCommand:
     return ctx.complete({"n": n, "patched": ctx.has_patch_marker("fix-rounding")})
 
 
-def test_a_run_continues_into_successors_with_the_identical_spec(
-    store: EventStore, clock: FakeClock
-) -> None:
-    engine = engine_for(store, counter, clock)
-    leaf = run(engine.start("root", SPEC, {"n": 0}))
+def test_a_run_continues_into_successors_with_the_identical_spec(flows: Flows) -> None:
+    flow = flows(make_runtime(counter), builds=BUILDS)
+    leaf = flow.start("root", SPEC, {"n": 0})
     assert leaf.status is RunStatus.COMPLETED
     assert leaf.output == {"n": 3, "patched": True}
-    assert leaf.run_id != "root"
+    assert leaf.run_id != flow.id("root")
 
-    chain = engine.continuation_chain("root")
-    assert len(chain) == 4 and chain[0] == "root" and chain[-1] == leaf.run_id
+    chain = flow.continuation_chain("root")
+    assert len(chain) == 4 and chain[0] == flow.id("root") and chain[-1] == leaf.run_id
     assert len(set(chain)) == 4
     for index, (predecessor, successor) in enumerate(pairwise(chain)):
-        before = engine.snapshot(predecessor)
-        after = engine.snapshot(successor)
+        before = flow.snapshot(predecessor)
+        after = flow.snapshot(successor)
         assert before.status is RunStatus.CONTINUED_AS_NEW
         assert before.outcome is not None and before.outcome.successor_run_id == successor
         assert after.spec == SPEC  # version, build id, patch markers, signal names
         assert after.input == {"n": index + 1}
         assert after.parent is not None
         assert after.parent.run_id == predecessor and after.parent.continued
-        [link] = events_of(store.read(predecessor), "run_continued_as_new")
+        [link] = events_of(flow.history(predecessor), "run_continued_as_new")
         assert link.input == {"n": index + 1}
-    assert sorted(engine.list_runs()) == sorted(chain)
 
 
-def test_drive_and_start_of_the_root_return_the_active_leaf(
-    store: EventStore, clock: FakeClock
-) -> None:
-    engine = engine_for(store, counter, clock)
-    leaf = run(engine.start("root", SPEC, {"n": 0}))
-    assert run(engine.drive("root")).run_id == leaf.run_id
-    assert run(engine.start("root", SPEC, {"n": 0})).run_id == leaf.run_id
-    assert len(engine.list_runs()) == 4
+def test_drive_and_start_of_the_root_return_the_active_leaf(flows: Flows) -> None:
+    flow = flows(make_runtime(counter), builds=BUILDS)
+    leaf = flow.start("root", SPEC, {"n": 0})
+    assert flow.retry("root").run_id == leaf.run_id
+    assert flow.start("root", SPEC, {"n": 0}).run_id == leaf.run_id
+    assert len(flow.continuation_chain("root")) == 4
 
 
-def test_signals_and_cancellation_addressed_to_the_root_reach_the_leaf(
-    store: EventStore, clock: FakeClock
-) -> None:
+def test_signals_and_cancellation_addressed_to_the_root_reach_the_leaf(flows: Flows) -> None:
     def waits_in_second_segment(ctx: WorkflowContext) -> RuntimeCommand:
         assert isinstance(ctx.input, dict)
         if ctx.input["n"] == 0:
@@ -94,48 +93,44 @@ def test_signals_and_cancellation_addressed_to_the_root_reach_the_leaf(
             return ctx.wait_for_signal("w", "poke")
         return ctx.create_hook("h", "leaf-token")
 
-    engine = engine_for(store, waits_in_second_segment, clock)
-    leaf = run(engine.start("root", SPEC, {"n": 0}))
+    flow = flows(make_runtime(waits_in_second_segment), builds=BUILDS)
+    leaf = flow.start("root", SPEC, {"n": 0})
     assert leaf.status is RunStatus.SUSPENDED
-    after_signal = run(engine.send_signal("root", "s1", "poke", 1))
+    after_signal = flow.signal("root", "poke", 1, id="s1")
     assert after_signal.run_id == leaf.run_id
-    assert engine.snapshot(leaf.run_id).signals[0].signal_id == "s1"
-    assert engine.snapshot("root").signals == []
-    cancelled = run(engine.request_cancellation("root", "bye"))
+    assert flow.snapshot(leaf.run_id).signals[0].signal_id == "s1"
+    assert flow.snapshot("root").signals == []
+    cancelled = flow.cancel("root", "bye")
     assert cancelled.run_id == leaf.run_id
     assert cancelled.status is RunStatus.CANCELLED
 
 
-def test_an_unconsumed_signal_blocks_continuation(store: EventStore, clock: FakeClock) -> None:
+def test_an_unconsumed_signal_blocks_continuation(flows: Flows) -> None:
     def continues_after_hook(ctx: WorkflowContext) -> RuntimeCommand:
         if not ctx.hook_received("h"):
             return ctx.create_hook("h", "blocker-token")
         return ctx.continue_as_new({"n": 1})
 
-    engine = engine_for(store, continues_after_hook, clock)
-    run(engine.start("root", SPEC, {"n": 0}))
-    run(engine.send_signal("root", "s1", "poke", "unread"))
-    snapshot = run(engine.resume_hook("root", "h", None))
-    caught = task_failed(snapshot, store.read("root"), error=InvalidTransitionError)
+    flow = flows(make_runtime(continues_after_hook), builds=BUILDS)
+    flow.start("root", SPEC, {"n": 0})
+    flow.signal("root", "poke", "unread", id="s1")
+    snapshot = flow.resume_hook("root", "h", None)
+    caught = task_failed(snapshot, flow.history("root"), error=InvalidTransitionError)
     assert "signal" in caught.message
-    assert event_types(store.read("root"))[-2] == "hook_received"
-    assert engine.list_runs() == ["root"]
+    assert event_types(flow.history("root"))[-2] == "hook_received"
+    assert flow.continuation_chain("root") == [flow.id("root")]
 
 
-def test_continuation_is_refused_while_cancelling(store: EventStore, clock: FakeClock) -> None:
+def test_continuation_is_refused_while_cancelling(flows: Flows) -> None:
     def continues_on_cancel(ctx: WorkflowContext) -> RuntimeCommand:
         if ctx.cancellation_request() is None:
             return ctx.create_hook("h", "cancel-token")
         return ctx.continue_as_new({"n": 1})
 
-    engine = engine_for(store, continues_on_cancel, clock)
-    run(engine.start("root", SPEC, {"n": 0}))
-    task_failed(
-        run(engine.request_cancellation("root", "stop")),
-        store.read("root"),
-        error=InvalidTransitionError,
-    )
-    assert event_types(store.read("root"))[-2] == "run_cancellation_requested"
+    flow = flows(make_runtime(continues_on_cancel), builds=BUILDS)
+    flow.start("root", SPEC, {"n": 0})
+    task_failed(flow.cancel("root", "stop"), flow.history("root"), error=InvalidTransitionError)
+    assert event_types(flow.history("root"))[-2] == "run_cancellation_requested"
 
 
 def test_a_crash_between_the_link_and_the_successor_is_repaired_once(
@@ -202,12 +197,12 @@ def forever(ctx: WorkflowContext) -> RuntimeCommand:
     return ctx.continue_as_new({"n": ctx.input["n"] + 1})
 
 
-def test_each_successor_link_stores_its_hop(store: EventStore, clock: FakeClock) -> None:
-    engine = engine_for(store, counter, clock)
-    run(engine.start("root", SPEC, {"n": 0}))
-    chain = engine.continuation_chain("root")
-    assert engine.snapshot("root").parent is None
-    hops = [store.state(r).parent.hop for r in chain[1:]]  # type: ignore[union-attr]
+def test_each_successor_link_stores_its_hop(flows: Flows) -> None:
+    flow = flows(make_runtime(counter), builds=BUILDS)
+    flow.start("root", SPEC, {"n": 0})
+    chain = flow.continuation_chain("root")
+    assert flow.snapshot("root").parent is None
+    hops = [flow.state(r).parent.hop for r in chain[1:]]  # type: ignore[union-attr]
     assert hops == [1, 2, 3]
 
 
@@ -218,27 +213,37 @@ def hop_refusal(snapshot: WorkflowRunSnapshot) -> str:
     return failure.message
 
 
-def test_a_workflow_that_always_continues_stops_at_the_hop_limit(
-    store: EventStore, clock: FakeClock
-) -> None:
-    engine = FlowEngine(
-        store, make_runtime(forever), clock=clock, builds=BUILDS, max_continuations=5
-    )
-    leaf = run(engine.start("root", SPEC, {"n": 0}))
+def test_a_workflow_that_always_continues_stops_at_the_hop_limit(flows: Flows) -> None:
+    flow = flows(make_runtime(forever), builds=BUILDS, max_continuations=5)
+    leaf = flow.start("root", SPEC, {"n": 0})
     message = hop_refusal(leaf)
-    assert "hop 6" in message and "root root" in message and "max_continuations=5" in message
-    chain = engine.continuation_chain("root")
-    assert len(chain) == 6 and sorted(engine.list_runs()) == sorted(chain)
+    assert "hop 6" in message and "max_continuations=5" in message  # (its root: below)
+    chain = flow.continuation_chain("root")
+    assert len(chain) == 6
     assert leaf.run_id == chain[-1] and leaf.status is RunStatus.RUNNING
     # The refused hop appended no link: the last run records why it is not moving.
-    assert event_types(store.read(leaf.run_id)) == [
+    assert event_types(flow.history(leaf.run_id)) == [
         "run_created",
         "run_started",
         "workflow_task_failed",
     ]
-    retried = run(engine.drive("root", retry_task=True))  # refused again, and recorded again
+    retried = flow.retry("root")  # refused again, and recorded again
     assert retried.task_failure is not None and retried.task_failure.attempt == 2
-    assert len(engine.list_runs()) == 6
+    assert len(flow.continuation_chain("root")) == 6
+
+
+def test_the_hop_limit_refusal_names_the_chains_root(
+    flows: Flows, request: pytest.FixtureRequest
+) -> None:
+    if flows.mode == "kafka":
+        reason = (
+            "defect (docs/parity.md, 'the hop limit names the wrong root'): on Kafka the "
+            "refusal names the refused run as the chain's root (the first runs of the chain "
+            "live on other partitions)"
+        )
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+    flow = flows(make_runtime(forever), builds=BUILDS, max_continuations=5)
+    assert f"root {flow.id('root')}" in hop_refusal(flow.start("root", SPEC, {"n": 0}))
 
 
 def test_the_hop_limit_can_be_raised_or_disabled(store: EventStore, clock: FakeClock) -> None:

@@ -1,10 +1,17 @@
 """Steps (issue 3): durability before the handler, at-least-once redelivery of the same attempt,
 retries (immediate, fixed, exponential with deterministic jitter), exhaustion and non-retryable
-failures, and the no-progress rule."""
+failures, and the no-progress rule.
+
+The scenarios take ``flows`` and run in both modes (``tests.support.flows``): on Kafka the
+processor runs the handlers and its timer scan fires delayed retries at its clock. The tests on
+the ``store`` fixture crash a handler, plant a history, reopen a store, count a store's
+durability waits or call the host's ``resume_due`` with its own cutoff; docs/parity.md lists
+them."""
 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -36,6 +43,7 @@ from tests.support import (
     spec,
     task_failed,
 )
+from tests.support.flows import EmbeddedFlow, Flows
 from tests.support.stores import StoreFactory
 
 SPEC = spec("steps")
@@ -70,18 +78,18 @@ def failing(times: int, exc: type[Exception] = ConnectionError):  # type: ignore
 # -- durability and redelivery -------------------------------------------------------------------
 
 
-def test_step_created_and_started_are_durable_before_the_handler_runs(
-    store: EventStore, clock: FakeClock
-) -> None:
+def test_step_created_and_started_are_durable_before_the_handler_runs(flows: Flows) -> None:
     seen: list[list[str]] = []
+    look: list[Any] = []
 
     def work(invocation: StepInvocation) -> object:
-        seen.append(event_types(store.read(invocation.run_id)))
+        seen.append(event_types(look[0].history_now(invocation.run_id)))
         assert invocation.history[-1].event.type == "step_started"
         return 1
 
-    engine = FlowEngine(store, make_runtime(one_step(), {"work": work}), clock=clock)
-    run(engine.start("r1", SPEC))
+    flow = flows(make_runtime(one_step(), {"work": work}))
+    look.append(flow)
+    flow.start("r1", SPEC)
     assert seen == [["run_created", "run_started", "step_created", "step_started"]]
 
 
@@ -127,18 +135,17 @@ def test_eager_steps_start_the_handler_before_its_record_is_durable_never_the_re
     assert store.durable == store.appends  # the state start() reports is durable either way
 
 
-def test_step_invocation_carries_identity_attempt_input_and_key(
-    store: EventStore, clock: FakeClock
-) -> None:
+def test_step_invocation_carries_identity_attempt_input_and_key(flows: Flows) -> None:
     runtime = make_runtime(one_step(), {"work": lambda inv: 1})
-    run(FlowEngine(store, runtime, clock=clock).start("order-9", SPEC))
+    flow = flows(runtime)
+    flow.start("order-9", SPEC)
     [invocation] = runtime.step_calls
-    assert invocation.run_id == "order-9"
+    assert invocation.run_id == flow.id("order-9")
     assert invocation.step_id == "s"
     assert invocation.step_name == "work"
     assert invocation.attempt == 1
     assert invocation.input == {"item": 7}
-    assert "order-9" in invocation.idempotency_key and "s" in invocation.idempotency_key
+    assert flow.id("order-9") in invocation.idempotency_key and "s" in invocation.idempotency_key
 
 
 def test_crash_after_the_side_effect_reruns_the_same_attempt_with_the_same_key(
@@ -189,9 +196,7 @@ def test_a_running_step_found_in_history_is_redelivered_without_a_new_start(
     assert event_types(store.read("r1"))[4:] == ["step_completed", "run_completed"]
 
 
-def test_idempotency_key_is_stable_across_attempts_and_distinct_per_step(
-    store: EventStore, clock: FakeClock
-) -> None:
+def test_idempotency_key_is_stable_across_attempts_and_distinct_per_step(flows: Flows) -> None:
     def two(ctx: WorkflowContext) -> RuntimeCommand:
         if not ctx.step_completed("s"):
             return ctx.schedule_step("s", "work", None)
@@ -200,7 +205,7 @@ def test_idempotency_key_is_stable_across_attempts_and_distinct_per_step(
         return ctx.complete()
 
     runtime = make_runtime(two, {"work": failing(2), "ok": lambda inv: 1})
-    run(FlowEngine(store, runtime, clock=clock).start("r1", SPEC))
+    flows(runtime).start("r1", SPEC)
     keys = {c.step_id: set() for c in runtime.step_calls}  # type: ignore[var-annotated]
     for call in runtime.step_calls:
         keys[call.step_id].add(call.idempotency_key)
@@ -212,42 +217,39 @@ def test_idempotency_key_is_stable_across_attempts_and_distinct_per_step(
 # -- retries ------------------------------------------------------------------------------------
 
 
-def test_immediate_retries_run_in_the_same_drive(store: EventStore, clock: FakeClock) -> None:
-    runtime = make_runtime(one_step(), {"work": failing(2)})
-    snapshot = run(FlowEngine(store, runtime, clock=clock).start("r1", SPEC))
+def test_immediate_retries_run_in_the_same_drive(flows: Flows) -> None:
+    flow = flows(make_runtime(one_step(), {"work": failing(2)}))
+    snapshot = flow.start("r1", SPEC)
     assert snapshot.status is RunStatus.COMPLETED
     assert snapshot.output == {"attempt": 3}
-    retries = events_of(store.read("r1"), "step_retrying")
+    retries = events_of(flow.history("r1"), "step_retrying")
     assert [(r.attempt, r.retry_after) for r in retries] == [(1, None), (2, None)]
     assert retries[0].error == "ConnectionError: failure 1"
 
 
-def test_fixed_delay_retry_is_a_durable_deadline_resumed_by_the_scheduler(
-    store: EventStore, clock: FakeClock
-) -> None:
+def test_fixed_delay_retry_is_a_durable_deadline_resumed_by_the_scheduler(flows: Flows) -> None:
     runtime = make_runtime(one_step(RetryPolicy.fixed(3, 1000)), {"work": failing(1)})
-    engine = FlowEngine(store, runtime, clock=clock)
-    snapshot = run(engine.start("r1", SPEC))
+    flow = flows(runtime)
+    snapshot = flow.start("r1", SPEC)
 
     due = EPOCH + timedelta(seconds=1)
     assert snapshot.status is RunStatus.SUSPENDED
     assert snapshot.steps["s"].status is StepStatus.PENDING
     assert snapshot.steps["s"].retry_after == due
-    assert engine.next_wakeup() == Wakeup(due, "r1", "retry", "s")
+    assert flow.next_wakeup() == Wakeup(due, flow.id("r1"), "retry", "s")
     calls = len(runtime.workflow_calls)
 
-    assert run(engine.drive("r1")).status is RunStatus.SUSPENDED  # not yet due
-    tick = run(engine.resume_due(due - timedelta(milliseconds=1)))
-    assert tick.resumed == []
+    assert flow.retry("r1").status is RunStatus.SUSPENDED  # not yet due
+    flow.clock.set(due - timedelta(milliseconds=1))
+    flow.fire_due()
     assert len(runtime.workflow_calls) == calls and len(runtime.step_calls) == 1
 
-    clock.set(due)
-    tick = run(engine.resume_due(due))
-    assert tick.resumed == ["r1"] and tick.failed == {}
-    final = engine.snapshot("r1")
+    flow.clock.set(due)
+    flow.fire_due()
+    final = flow.snapshot("r1")
     assert final.status is RunStatus.COMPLETED
     assert final.output == {"attempt": 2}
-    assert engine.next_wakeup() is None
+    assert flow.next_wakeup() is None
 
 
 def test_resume_due_uses_the_scheduler_cutoff_even_when_the_clock_lags(
@@ -262,80 +264,69 @@ def test_resume_due_uses_the_scheduler_cutoff_even_when_the_clock_lags(
     assert engine.snapshot("r1").status is RunStatus.COMPLETED
 
 
-def test_exponential_delays_use_deterministic_jitter(stores: StoreFactory) -> None:
+def test_exponential_delays_use_deterministic_jitter(flows: Flows) -> None:
     policy = RetryPolicy.exponential(4, 100, 1000)
-
-    def drive_to_exhaustion() -> list[timedelta]:
-        clock = FakeClock()
-        store = stores.open(clock=clock)
-        engine = FlowEngine(
-            store,
-            make_runtime(one_step(policy), {"work": failing(99)}),
-            clock=clock,
-        )
-        run(engine.start("r1", SPEC))
-        for _ in range(3):
-            wakeup = engine.next_wakeup()
-            assert wakeup is not None
-            clock.set(wakeup.due)
-            run(engine.resume_due(wakeup.due))
-        retries = events_of(store.read("r1"), "step_retrying")
-        starts = [e for e in store.read("r1") if e.event.type == "step_retrying"]
-        return [r.retry_after - s.timestamp for r, s in zip(retries, starts, strict=True)]
-
-    first = drive_to_exhaustion()
-    second = drive_to_exhaustion()
-    assert first == second  # same run, step and attempt: same delay
-    for attempt, delay in enumerate(first, start=1):
+    flow = flows(make_runtime(one_step(policy), {"work": failing(99)}))
+    flow.start("r1", SPEC)
+    for _ in range(3):
+        wakeup = flow.next_wakeup()
+        assert wakeup is not None
+        flow.clock.set(wakeup.due)
+        flow.fire_due()
+    history = flow.history("r1")
+    retries = events_of(history, "step_retrying")
+    starts = [e for e in history if e.event.type == "step_retrying"]
+    delays = [r.retry_after - s.timestamp for r, s in zip(retries, starts, strict=True)]
+    assert len(delays) == 3
+    for attempt, delay in enumerate(delays, start=1):
         cap = min(100 * 2 ** (attempt - 1), 1000)
         assert timedelta(milliseconds=1) <= delay <= timedelta(milliseconds=cap)
-        assert delay == timedelta(milliseconds=policy.delay_for("r1", "s", attempt))
+        # a function of run, step and attempt alone: the same every time
+        assert delay == timedelta(milliseconds=policy.delay_for(flow.id("r1"), "s", attempt))
 
 
-def test_exhausted_fail_run_policy_ends_the_run(store: EventStore, clock: FakeClock) -> None:
+def test_exhausted_fail_run_policy_ends_the_run(flows: Flows) -> None:
     runtime = make_runtime(one_step(RetryPolicy.fixed(2, 0)), {"work": failing(99)})
-    snapshot = run(FlowEngine(store, runtime, clock=clock).start("r1", SPEC))
+    flow = flows(runtime)
+    snapshot = flow.start("r1", SPEC)
     assert snapshot.status is RunStatus.FAILED
     assert snapshot.outcome is not None
     assert snapshot.outcome.type == "retry_exhausted"
     assert snapshot.outcome.step_id == "s"
     assert snapshot.steps["s"].status is StepStatus.FAILED
-    assert event_types(store.read("r1"))[-2:] == ["step_failed", "run_retry_exhausted"]
+    assert event_types(flow.history("r1"))[-2:] == ["step_failed", "run_retry_exhausted"]
     assert len(runtime.step_calls) == 2
     assert len(runtime.workflow_calls) == 2  # never asked again after the failure
 
 
 def test_exhausted_continue_workflow_policy_hands_the_failure_to_workflow_code(
-    store: EventStore, clock: FakeClock
+    flows: Flows,
 ) -> None:
     policy = RetryPolicy.fixed(2, 0).continue_workflow_on_failure()
-    runtime = make_runtime(one_step(policy, fallback=True), {"work": failing(99)})
-    snapshot = run(FlowEngine(store, runtime, clock=clock).start("r1", SPEC))
+    flow = flows(make_runtime(one_step(policy, fallback=True), {"work": failing(99)}))
+    snapshot = flow.start("r1", SPEC)
     assert snapshot.status is RunStatus.COMPLETED
     assert snapshot.output == {"fallback": "ConnectionError: failure 2"}
-    assert "run_retry_exhausted" not in event_types(store.read("r1"))
+    assert "run_retry_exhausted" not in event_types(flow.history("r1"))
 
 
 @pytest.mark.parametrize("exc", [NonRetryableError, UnknownOutcomeError])
-def test_non_retryable_errors_skip_the_retry_budget(
-    store: EventStore, clock: FakeClock, exc: type[Exception]
-) -> None:
+def test_non_retryable_errors_skip_the_retry_budget(flows: Flows, exc: type[Exception]) -> None:
     runtime = make_runtime(one_step(RetryPolicy.fixed(5, 1000)), {"work": failing(1, exc)})
-    snapshot = run(FlowEngine(store, runtime, clock=clock).start("r1", SPEC))
+    flow = flows(runtime)
+    snapshot = flow.start("r1", SPEC)
     assert len(runtime.step_calls) == 1
     assert snapshot.status is RunStatus.FAILED
     assert snapshot.steps["s"].status is StepStatus.FAILED
     assert "failure 1" in (snapshot.error or "")
-    assert event_types(store.read("r1"))[-2:] == ["step_non_retryable", "run_failed"]
-    assert "step_retrying" not in event_types(store.read("r1"))
+    assert event_types(flow.history("r1"))[-2:] == ["step_non_retryable", "run_failed"]
+    assert "step_retrying" not in event_types(flow.history("r1"))
 
 
-def test_non_retryable_with_continue_workflow_is_seen_by_workflow_code(
-    store: EventStore, clock: FakeClock
-) -> None:
+def test_non_retryable_with_continue_workflow_is_seen_by_workflow_code(flows: Flows) -> None:
     policy = RetryPolicy.fixed(5, 0).continue_workflow_on_failure()
     runtime = make_runtime(one_step(policy, fallback=True), {"work": failing(1, NonRetryableError)})
-    snapshot = run(FlowEngine(store, runtime, clock=clock).start("r1", SPEC))
+    snapshot = flows(runtime).start("r1", SPEC)
     assert snapshot.output == {"fallback": "NonRetryableError: failure 1"}
     assert len(runtime.step_calls) == 1
 
@@ -363,28 +354,24 @@ def test_a_delayed_retry_survives_a_restart(
 # -- no progress, typed decoding -----------------------------------------------------------------
 
 
-def test_rescheduling_a_terminal_step_is_an_invalid_transition_not_a_loop(
-    store: EventStore, clock: FakeClock
-) -> None:
+def test_rescheduling_a_terminal_step_is_an_invalid_transition_not_a_loop(flows: Flows) -> None:
     runtime = make_runtime(lambda ctx: ctx.schedule_step("s", "work"), {"work": lambda inv: 1})
-    snapshot = run(FlowEngine(store, runtime, clock=clock).start("r1", SPEC))
-    caught = task_failed(snapshot, store.read("r1"), error=InvalidTransitionError)
+    flow = flows(runtime)
+    snapshot = flow.start("r1", SPEC)
+    caught = task_failed(snapshot, flow.history("r1"), error=InvalidTransitionError)
     assert "terminal step s" in caught.message
     assert len(runtime.workflow_calls) == 2
     assert len(runtime.step_calls) == 1
-    assert event_types(store.read("r1"))[-2] == "step_completed"
+    assert event_types(flow.history("r1"))[-2] == "step_completed"
 
 
 def test_rescheduling_a_failed_continue_workflow_step_is_an_invalid_transition(
-    store: EventStore, clock: FakeClock
+    flows: Flows,
 ) -> None:
     policy = RetryPolicy.none().continue_workflow_on_failure()
     runtime = make_runtime(one_step(policy), {"work": failing(99)})
-    task_failed(
-        run(FlowEngine(store, runtime, clock=clock).start("r1", SPEC)),
-        store.read("r1"),
-        error=InvalidTransitionError,
-    )
+    flow = flows(runtime)
+    task_failed(flow.start("r1", SPEC), flow.history("r1"), error=InvalidTransitionError)
     assert len(runtime.step_calls) == 1
     assert len(runtime.workflow_calls) == 2
 
@@ -393,45 +380,42 @@ class Receipt(BaseModel):
     receipt_id: str
 
 
-def test_typed_decoding_failures_are_serialization_errors(
-    store: EventStore, clock: FakeClock
-) -> None:
+def test_typed_decoding_failures_are_serialization_errors(flows: Flows) -> None:
     def workflow(ctx: WorkflowContext) -> RuntimeCommand:
         if not ctx.step_completed("s"):
             return ctx.schedule_step("s", "work")
         return ctx.complete(ctx.step_output_as("s", Receipt).receipt_id)  # type: ignore[union-attr]
 
-    runtime = make_runtime(workflow, {"work": lambda inv: {"wrong": "shape"}})
-    snapshot = run(FlowEngine(store, runtime, clock=clock).start("r1", SPEC))
-    caught = task_failed(snapshot, store.read("r1"), error=SerializationError)
+    flow = flows(make_runtime(workflow, {"work": lambda inv: {"wrong": "shape"}}))
+    snapshot = flow.start("r1", SPEC)
+    caught = task_failed(snapshot, flow.history("r1"), error=SerializationError)
     assert "Receipt" in caught.message
-    assert event_types(store.read("r1"))[-2] == "step_completed"
+    assert event_types(flow.history("r1"))[-2] == "step_completed"
 
-    ok = make_runtime(workflow, {"work": lambda inv: {"receipt_id": "rc-1"}})
-    assert run(FlowEngine(store, ok, clock=clock).start("r2", SPEC)).output == "rc-1"
+    ok = flows(make_runtime(workflow, {"work": lambda inv: {"receipt_id": "rc-1"}}))
+    assert ok.start("r2", SPEC).output == "rc-1"
 
 
-def test_a_non_json_step_output_is_reported_as_a_flow_error(
-    store: EventStore, clock: FakeClock
-) -> None:
+def test_a_non_json_step_output_is_reported_as_a_flow_error(flows: Flows) -> None:
     # A datetime is stored as its ISO text (``model.payloads``); an arbitrary object is not JSON.
     runtime = make_runtime(one_step(RetryPolicy.none()), {"work": lambda inv: {"at": object()}})
+    flow = flows(runtime)
     try:
-        snapshot = run(FlowEngine(store, runtime, clock=clock).start("r1", SPEC))
+        snapshot = flow.start("r1", SPEC)
     except FlowError:
-        assert event_types(store.read("r1"))[-1] == "step_started"
+        assert isinstance(flow, EmbeddedFlow)
+        assert event_types(flow.history("r1"))[-1] == "step_started"
     else:
         assert snapshot.steps["s"].status is StepStatus.FAILED
 
 
-def test_an_unrepresentable_retry_delay_is_rejected_before_the_step_runs(
-    store: EventStore, clock: FakeClock
-) -> None:
+def test_an_unrepresentable_retry_delay_is_rejected_before_the_step_runs(flows: Flows) -> None:
     runtime = make_runtime(one_step(RetryPolicy.fixed(2, 10**15)), {"work": failing(1)})
-    task_failed(
-        run(FlowEngine(store, runtime, clock=clock).start("r1", SPEC)),
-        store.read("r1"),
-        error=InvalidTransitionError,
-    )
+    flow = flows(runtime)
+    task_failed(flow.start("r1", SPEC), flow.history("r1"), error=InvalidTransitionError)
     assert runtime.step_calls == []
-    assert event_types(store.read("r1")) == ["run_created", "run_started", "workflow_task_failed"]
+    assert event_types(flow.history("r1")) == [
+        "run_created",
+        "run_started",
+        "workflow_task_failed",
+    ]

@@ -1,5 +1,9 @@
 """Versioning (issue 4): ``runtime_build_id`` pins a run to code that can replay it (refusals
-append nothing), compatible builds and unpinned acceptance, and immutable patch markers."""
+append nothing), compatible builds and unpinned acceptance, and immutable patch markers.
+
+The patch-marker scenarios take ``flows`` and run in both modes (``tests.support.flows``). The
+build tests compare engines of other builds over one store; on Kafka that is a rollout of
+workers, tested by tests/processor/test_rollout.py (docs/parity.md)."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from flowstream.model.spec import MAX_PATCH_MARKERS, WorkflowSpec
 from flowstream.replay.context import WorkflowContext
 from flowstream.stores.base import EventStore
 from tests.support import EPOCH, FakeClock, event_types, make_runtime, run, spec
+from tests.support.flows import Flows
 
 PINNED_V1 = spec("pinned", runtime_build_id="v1", signal_names=("go",))
 UNPINNED = spec("pinned", signal_names=("go",))
@@ -155,23 +160,22 @@ def test_patch_markers_are_a_sorted_set() -> None:
     assert marked == WorkflowSpec(name="x", patch_markers=("c_3", "a-1", "b.2"))
 
 
-def test_workflow_code_branches_on_pinned_patch_markers(
-    store: EventStore, clock: FakeClock
-) -> None:
+def test_workflow_code_branches_on_pinned_patch_markers(flows: Flows) -> None:
     def branching(ctx: WorkflowContext) -> RuntimeCommand:
         return ctx.complete("new" if ctx.has_patch_marker("new-pricing") else "old")
 
-    runtime_engine = FlowEngine(store, make_runtime(branching), clock=clock)
-    old = run(runtime_engine.start("old-run", spec("pricing")))
-    new = run(runtime_engine.start("new-run", spec("pricing", patch_markers=("new-pricing",))))
+    flow = flows(make_runtime(branching))
+    old = flow.start("old-run", spec("pricing"))
+    new = flow.start("new-run", spec("pricing", patch_markers=("new-pricing",)))
     assert (old.output, new.output) == ("old", "new")
-    assert store.read("new-run")[0].event.spec.patch_markers == ("new-pricing",)  # type: ignore[union-attr]
+    assert flow.history("new-run")[0].event.spec.patch_markers == ("new-pricing",)  # type: ignore[union-attr]
 
 
-def test_patch_markers_cannot_change_on_restart(store: EventStore, clock: FakeClock) -> None:
-    runtime_engine = FlowEngine(store, make_runtime(waiter), clock=clock)
-    run(runtime_engine.start("r1", spec("pricing"), drive=False))
+def test_patch_markers_cannot_change_on_restart(flows: Flows) -> None:
+    flow = flows(make_runtime(waiter))
+    flow.start("r1", spec("pricing"))
+    before = flow.history("r1")
     with pytest.raises(RunConflictError) as caught:
-        run(runtime_engine.start("r1", spec("pricing", patch_markers=("new-pricing",))))
+        flow.start("r1", spec("pricing", patch_markers=("new-pricing",)))
     assert "spec" in str(caught.value)
-    assert event_types(store.read("r1")) == ["run_created"]
+    assert flow.history("r1") == before

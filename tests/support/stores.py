@@ -33,6 +33,7 @@ __all__ = [
     "StoreFactory",
     "TopicRecord",
     "clock",
+    "factory_for",
     "read_events_topic",
     "store",
     "stores",
@@ -240,17 +241,22 @@ def read_events_topic(store: Any) -> list[TopicRecord]:
         consumer.close()
 
 
-@pytest.fixture(params=_PARAMS)
-def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
-    if request.param == "kafka":
-        factory = StoreFactory(
+def factory_for(request: pytest.FixtureRequest, kind: str, root: Path) -> StoreFactory:
+    """A ``StoreFactory`` of ``kind`` for the test of ``request`` (the kafka kind on the
+    session's broker, under the test's unique prefix)."""
+    if kind == "kafka":
+        return StoreFactory(
             "kafka",
-            tmp_path,
+            root,
             bootstrap=request.getfixturevalue("kafka_bootstrap"),
             prefix=request.getfixturevalue("unique_prefix"),
         )
-    else:
-        factory = StoreFactory(request.param, tmp_path)
+    return StoreFactory(kind, root)
+
+
+@pytest.fixture(params=_PARAMS)
+def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
+    factory = factory_for(request, request.param, tmp_path)
     try:
         yield factory
     finally:
