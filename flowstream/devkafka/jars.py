@@ -1,10 +1,14 @@
-"""Apache Kafka's jars, fetched once from Maven Central with Maven into a per-version cache.
+"""Apache Kafka's jars, fetched once from Maven Central into a per-version cache.
 
 The cache is ``<cache root>/kafka-<version>/`` (default root ``$XDG_CACHE_HOME/flowstream`` or
-``~/.cache/flowstream``). It holds a small ``pom.xml`` naming ``org.apache.kafka:kafka_2.13`` and
-the logging pieces its POM leaves out (the SLF4J 1.x binding for log4j2), and ``libs/`` with the
-runtime closure that ``maven-dependency-plugin:copy-dependencies`` copies there. Maven keeps its
-own download cache in ``~/.m2``; nothing is fetched from anywhere but Maven Central.
+``~/.cache/flowstream``). With Maven on ``PATH`` it holds a small ``pom.xml`` naming
+``org.apache.kafka:kafka_2.13`` and the logging pieces its POM leaves out (the SLF4J 1.x binding
+for log4j2), and ``libs/`` with the runtime closure that
+``maven-dependency-plugin:copy-dependencies`` copies there; Maven keeps its own download cache in
+``~/.m2``. Without Maven, the pinned version's jars are those ``jars.lock`` records, fetched one
+by one (``central``). Either way every jar of ``libs/`` is checked against the lock's SHA-256
+each time the jars are handed out, so a damaged cache is refused rather than run. Nothing is
+fetched from anywhere but Maven Central (or the mirror ``FLOWSTREAM_MAVEN_REPOSITORY`` names).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from flowstream.devkafka.central import check_libs, fetch_locked, locked_jars
 from flowstream.devkafka.errors import DevKafkaError
 
 __all__ = ["KAFKA_VERSION", "LOG4J_VERSION", "default_cache_root", "ensure_jars", "find_mvn"]
@@ -61,7 +66,8 @@ def find_mvn() -> str:
     if mvn is None:
         raise DevKafkaError(
             "mvn not found on PATH: install Apache Maven (it fetches the Kafka jars from "
-            "Maven Central once)"
+            f"Maven Central once), or use Kafka {KAFKA_VERSION}, whose jars are fetched "
+            "without it"
         )
     return mvn
 
@@ -82,17 +88,22 @@ def _pom(version: str) -> str:
 
 def ensure_jars(cache_root: Path | None = None, *, version: str = KAFKA_VERSION) -> Path:
     """The ``libs`` directory of Kafka ``version``, fetched with Maven if it is not cached yet."""
-    cache = (cache_root or default_cache_root()) / f"kafka-{version}"
+    root = cache_root or default_cache_root()
+    cache = root / f"kafka-{version}"
     libs = cache / "libs"
-    if _complete(libs, version):
-        return libs
-    cache.mkdir(parents=True, exist_ok=True)
-    with (cache / ".fetch.lock").open("w") as lock:
-        # Two launchers fetching at once would race on the rename below.
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if _complete(libs, version):
-            return libs
-        _fetch(cache, libs, version)
+    jars = locked_jars(version)
+    if not _complete(libs, version):
+        cache.mkdir(parents=True, exist_ok=True)
+        with (cache / ".fetch.lock").open("w") as lock:
+            # Two launchers fetching at once would race on the rename below.
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not _complete(libs, version):
+                if jars is not None and shutil.which("mvn") is None:
+                    fetch_locked(root, libs, jars)
+                else:
+                    _fetch(cache, libs, version)
+    if jars is not None:
+        check_libs(libs, jars)
     return libs
 
 

