@@ -48,21 +48,28 @@ def disk_bytes(path: Path) -> int:
 
 
 def audit_usage(arguments: list[str]) -> dict[str, Any]:
-    """``flowstream audit ARGS`` in a child: its wall seconds, exit code, peak RSS and the last
-    line it printed (the summary)."""
+    """``flowstream audit ARGS`` in a child: its wall seconds, exit code, peak RSS (its VmHWM,
+    sampled until it exits: ``ru_maxrss`` counts the parent's pages the fork started with) and
+    the last line it printed (the summary)."""
     command = [sys.executable, "-m", "flowstream", "audit", "--app", APP, *arguments]
     began = time.monotonic()
+    peak = 0
     with tempfile.TemporaryFile() as out:
         child = subprocess.Popen(command, cwd=harness.ROOT, stdout=out, stderr=subprocess.DEVNULL)
-        _, status, usage = os.wait4(child.pid, 0)
-        child.returncode = os.waitstatus_to_exitcode(status)
+        while child.poll() is None:
+            try:
+                peak = max(peak, status_kib(child.pid).get("VmHWM", 0))
+            except OSError:
+                break
+            time.sleep(0.1)
+        child.wait()
         out.seek(0, os.SEEK_END)
         out.seek(max(0, out.tell() - 400))
         tail = out.read().decode(errors="replace").strip().splitlines()
     return {
         "audit_s": round(time.monotonic() - began, 1),
         "audit_exit": child.returncode,
-        "audit_peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
+        "audit_peak_rss_mib": round(peak / 1024, 1),
         "audit_summary": tail[-1] if tail else "",
     }
 
