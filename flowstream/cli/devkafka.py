@@ -84,7 +84,7 @@ def _cluster(args: argparse.Namespace, *, existing: bool) -> Cluster:
 
 
 def _fail(error: DevKafkaError) -> int:
-    print(f"flowstream dev-kafka: error: {error}", file=sys.stderr)
+    print(f"error: {error}", file=sys.stderr)
     return 1
 
 

@@ -274,7 +274,7 @@ def _handler(
     work: _Work, suffixes: tuple[str, ...], *, reads: bool
 ) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        prefix = f"flowstream kafka {args.verb}: error:"
+        prefix = "error:"
         settings: Settings | None = None
         try:
             settings = Settings.from_env(bootstrap=args.bootstrap, topic_prefix=args.topic_prefix)
@@ -294,7 +294,7 @@ def _handler(
             print(f"{prefix} {exc}", file=sys.stderr)
             return 2
         except CommandParkedError as exc:
-            print(f"flowstream kafka {args.verb}: parked: {exc}", file=sys.stderr)
+            print(f"parked: {exc}", file=sys.stderr)
             return EXIT_PARKED
         except (FlowError, TimeoutError) as exc:
             print(f"{prefix} {exc}", file=sys.stderr)

@@ -74,7 +74,7 @@ def _run(args: argparse.Namespace) -> int:
     from flowstream.repartition.move import run_move
     from flowstream.repartition.plan import MovePlan
 
-    head = "flowstream kafka repartition: error:"
+    head = "error:"
     settings = Settings.from_env(
         bootstrap=args.bootstrap, topic_prefix=args.topic_prefix, group=args.group
     )

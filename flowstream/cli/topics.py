@@ -70,10 +70,10 @@ def _run(args: argparse.Namespace) -> int:
                 args.bootstrap, topology, prefix=args.prefix, timeout=args.timeout
             )
     except TopologyError as error:
-        print(f"flowstream topics: error: {error}", file=sys.stderr)
+        print(f"error: {error}", file=sys.stderr)
         return 1
     except KafkaException as error:
-        print(f"flowstream topics: error: Kafka at {args.bootstrap}: {error}", file=sys.stderr)
+        print(f"error: Kafka at {args.bootstrap}: {error}", file=sys.stderr)
         return 1
     for state in states:
         what = "created" if state.created else "ok"

@@ -225,7 +225,7 @@ def test_start_waits_for_a_run_signalled_before_it_existed(cli: Cli) -> None:
     signalled = cli("signal", run_id, "shipped", "--id", "s-1", "--payload", '{"carrier": "DHL"}')
     assert (signalled.code, signalled.out) == (4, ""), signalled.err
     assert signalled.err == (
-        f"flowstream kafka signal: parked: run {run_id} does not exist (yet): the signal is "
+        f"parked: run {run_id} does not exist (yet): the signal is "
         "parked until it starts (for the parked time-to-live at most)\n"
     )
 
@@ -307,9 +307,7 @@ def test_a_hook_token_comes_from_stdin_and_is_never_shown(cli: Cli, deployment: 
 
     # No hook holds that token: refused, in one line that does not show it.
     assert (sent.code, sent.out) == (1, ""), sent.err
-    assert sent.err == (
-        "flowstream kafka hook: error: no hook is registered for the presented token\n"
-    )
+    assert sent.err == ("error: no hook is registered for the presented token\n")
     assert token not in sent.out + sent.err
     # Keyed by the token's digest: the partition that indexes the token finds the hook's run.
     (command,) = commands_on(deployment.bootstrap, topic, digest)
@@ -369,7 +367,8 @@ def one_line_error(result: Result, code: int, verb: str) -> str:
     assert (result.code, result.out) == (code, ""), result.out + result.err
     lines = result.err.splitlines()
     assert len(lines) == 1 and "Traceback" not in result.err, result.err
-    assert lines[0].startswith(f"flowstream kafka {verb}: "), result.err
+    # A failure says error:, a parked command (exit 4) says parked:.
+    assert lines[0].startswith("parked: " if code == 4 else "error: "), (verb, result.err)
     return lines[0]
 
 
@@ -383,7 +382,7 @@ def test_a_start_that_conflicts_exits_non_zero_without_the_old_output(cli: Cli) 
     for wait in ((), ("--wait",)):
         refused = cli("start", run_id, "--workflow", WORKFLOW, "--input", other, *wait)
         said = one_line_error(refused, 1, "start")
-        assert said == f"flowstream kafka start: error: run {run_id}: workflow input differs"
+        assert said == f"error: run {run_id}: workflow input differs"
 
 
 def test_a_start_whose_input_does_not_validate_exits_non_zero(cli: Cli) -> None:
@@ -401,11 +400,11 @@ def test_commands_to_an_unknown_run_exit_non_zero_with_the_reason(cli: Cli) -> N
     hook = one_line_error(cli("hook", "--run", ghost, "--hook", "approval"), 4, "hook")
     assert f"run {ghost} does not exist (yet): the hook resumption is parked" in hook
     cancel = one_line_error(cli("cancel", ghost), 1, "cancel")
-    assert cancel == f"flowstream kafka cancel: error: run {ghost} does not exist"
+    assert cancel == f"error: run {ghost} does not exist"
     retry = one_line_error(cli("retry", ghost), 1, "retry")
-    assert retry == f"flowstream kafka retry: error: run {ghost} does not exist"
+    assert retry == f"error: run {ghost} does not exist"
     wait = one_line_error(cli("wait", "nope"), 1, "wait")
-    assert wait == "flowstream kafka wait: error: run nope does not exist"
+    assert wait == "error: run nope does not exist"
     # A run whose commands wait for it to start says so.
     waiting = one_line_error(cli("wait", ghost), 1, "wait")
     assert f"run {ghost} has not started; commands for it wait" in waiting

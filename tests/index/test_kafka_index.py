@@ -170,4 +170,4 @@ def test_kafka_list_and_describe(
 
     where = ["--bootstrap", deployment.bootstrap, "--prefix", deployment.prefix]
     assert main(["kafka", "describe", "nope", *where, *directory]) == 1
-    assert capsys.readouterr().err == "flowstream kafka describe: error: run nope does not exist\n"
+    assert capsys.readouterr().err == "error: run nope does not exist\n"

@@ -154,7 +154,7 @@ def _one_line_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     capsys.readouterr()
     assert main(argv) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("flowstream kafka repartition: error:"), err
+    assert err.count("\n") == 1 and err.startswith("error:"), err
     return err
 
 
