@@ -58,8 +58,10 @@ def artifacts() -> Path:
     return folder
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def playwright_session() -> Iterator[Any]:
+    # Module scope, not session: Playwright's sync API runs an event loop on this thread while
+    # it is started, and every later asyncio.run() in the session would fail until it stops.
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
