@@ -61,7 +61,7 @@ def test_a_blocked_call_shows_in_busy_for_and_is_left_behind() -> None:
     blocked = lane.submit(release.wait)
     queued = lane.submit(lambda: "late")
     time.sleep(0.2)
-    assert lane.busy_for() >= 0.2
+    assert lane.busy_for() >= 0.15  # the call began a moment after submit
     assert not blocked.done() and not queued.done()
     lane.close()
     replacement = Lane("test-lane")
