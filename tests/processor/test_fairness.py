@@ -5,13 +5,15 @@ commands, so a run whose step finished moves on while thousands of starts wait t
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from flowstream.partitioning import partition_for
+from flowstream.client import FlowClient
+from flowstream.kafka import clients
 from tests.processor.apps import SPEC
-from tests.processor.harness import Cluster, raw_events, step_log, wait_until
+from tests.processor.harness import Cluster, committed_events, step_log, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
@@ -31,39 +33,47 @@ def test_runs_under_way_finish_while_a_backlog_of_starts_waits(
         60,
         "the first run's step never started",
     )
-    # Runs that wait for a signal: one decision each, so the flood is pure command backlog.
+    # Runs that wait for a signal: one decision each, so the flood is pure command backlog. It
+    # is produced in one transaction: the worker (read_committed) sees all of it at once, so a
+    # backlog exists however fast the worker is next to this client.
     flood = [f"flood-{i}" for i in range(FLOOD)]
+    flooder = FlowClient(cluster.client.settings, wait=False)
+    flooder._producer = clients.new_transactional_producer(
+        cluster.bootstrap, f"{cluster.prefix}-flood"
+    )
+    flooder._producer.init_transactions(30)
+    flooder._producer.begin_transaction()
     for run_id in flood:
-        cluster.client.start(run_id, SPEC, {"signal": True}, wait=False)
-    cluster.client.flush()
-    time.sleep(0.5)  # the worker is into the flood
+        flooder.start(run_id, SPEC, {"signal": True}, wait=False)
+    flooder._producer.commit_transaction(60)
+    flooder.close()
+    time.sleep(0.3)  # the worker is into the flood
     hold.touch()  # the first run's held step finishes: its outcome arrives behind the flood
     assert cluster.client.wait("first", timeout=180).status.value == "completed"
+    created: dict[str, datetime] = {}
     wait_until(
-        lambda: (
-            sum(
-                1
-                for r in raw_events(cluster.bootstrap, cluster.prefix, cluster.client.partitions)
-                if r[2] == "run_created"
-            )
-            == FLOOD + 1
-        ),
-        180,
-        "the flood was not consumed",
+        lambda: len(created_at(cluster, created)) == FLOOD + 1, 180, "the flood was not consumed"
     )
-    # On the first run's partition (the order of its commits), how much of the flood was
-    # created before the first run completed. Starved, it all was.
-    partitions = cluster.client.partitions
-    mine = partition_for("first", partitions)
-    order = [
-        (run_id, kind)
-        for run_id, _, kind, _ in raw_events(cluster.bootstrap, cluster.prefix, partitions)
-        if partition_for(run_id, partitions) == mine
-    ]
-    done_at = order.index(("first", "run_completed"))
-    before = sum(
-        1 for run_id, kind in order[:done_at] if kind == "run_created" and run_id != "first"
+    # One worker wrote every event, so their times order them across partitions: how much of
+    # the flood was created before the first run completed. Starved, all of it was: its two
+    # steps left waited for an iteration that ended within its budget, after the whole flood.
+    completed = next(
+        envelope.timestamp
+        for envelope, _ in committed_events(
+            cluster.bootstrap, cluster.prefix, cluster.client.partitions
+        )
+        if envelope.run_id == "first" and envelope.event.type == "run_completed"
     )
-    on_partition = sum(1 for run_id in flood if partition_for(run_id, partitions) == mine)
-    assert on_partition > 100
-    assert before < on_partition / 2, (before, on_partition)
+    before = sum(1 for run_id in flood if created[run_id] < completed)
+    assert before < FLOOD / 2, (before, FLOOD)
+
+
+def created_at(cluster: Cluster, into: dict[str, datetime]) -> dict[str, datetime]:
+    """When each run was created (its ``run_created`` event's time), read from the topic."""
+    into.clear()
+    for envelope, _ in committed_events(
+        cluster.bootstrap, cluster.prefix, cluster.client.partitions
+    ):
+        if envelope.event.type == "run_created":
+            into[envelope.run_id] = envelope.timestamp
+    return into
