@@ -52,9 +52,10 @@ def connect_clients(processor: Processor) -> None:
             "client.id": client_id(s),
             "session.timeout.ms": session_ms,
             "max.poll.interval.ms": s.max_poll_interval_ms,
-            # A fifth of the session: a member misses four heartbeats before it is expired, and
-            # a survivor hears of a rebalance within a fifth of the session.
-            "heartbeat.interval.ms": max(100, session_ms // 5),
+            # A tenth of the session: a survivor hears of a rebalance (a member died) within
+            # 150 ms rather than at a fifth of the session, and a member misses nine
+            # heartbeats before it is expired.
+            "heartbeat.interval.ms": max(100, session_ms // 10),
             **debug_config(s),
         },
     )

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from flowstream import wire
@@ -34,12 +35,14 @@ from flowstream.processor.steps import StepRunner
 from flowstream.processor.tasks import PartitionTask, TaskManager
 from flowstream.topology import EVENTS
 
-__all__ = ["StateRestorer"]
+__all__ = ["StateRestorer", "Targets"]
 
 LOG = logging.getLogger("flowstream.processor")
 
 #: A restore target (high watermark) that could not be read is asked for again after this long.
 _TARGET_RETRY_S = 0.5
+#: How long a slice waits for the targets it just asked for.
+_TARGET_WAIT_S = 0.05
 #: A partition at most this many records behind its restore target is fetched before the others.
 _NEAR_RESTORED = 100
 #: One slice applies at most this many records of what is already fetched, in about this long.
@@ -61,18 +64,14 @@ class StateRestorer:
         self.topic_id: str | None = None
         self.ready = asyncio.Event()
         self._fetching: dict[int, PartitionTask] = {}
-        self._targets_retry_at = 0.0
+        self.targets = Targets(tasks)
 
     async def restore_slice(self) -> None:
         """One bounded step of restoring every partition that waits for it."""
-        pipeline = self.ctx.pipeline
-        if pipeline.active() and any(t.restore_target is None for t in self.tasks.restoring()):
-            # Asking for targets can wait on a broker (a leader moving): no transaction of the
-            # active partitions waits with it, where it could outlive its timeout.
-            pipeline.commit_all()
+        self.targets.ask([t for t in self.tasks.restoring() if t.restore_target is None])
         for task in self.tasks.restoring():
-            if task.restore_target is None and not self._target(task):
-                break  # the others next time: the loop goes on meanwhile
+            if task.restore_target is None:
+                self._target(task)
         ready = [t for t in self.tasks.restoring() if t.restore_target is not None]
         for task in ready:
             if (task.events_end or 0) >= (task.restore_target or 0):
@@ -129,24 +128,18 @@ class StateRestorer:
             if task.events_end >= (task.restore_target or 0):
                 self.activate(task)
 
-    def _target(self, task: PartitionTask) -> bool:
-        """Read ``task``'s restore target; False if the broker could not say (asked again)."""
-        if time.monotonic() < self._targets_retry_at:
-            return False
-        tp = clients.TopicPartition(self.ctx.topics[EVENTS], task.partition)
+    def _target(self, task: PartitionTask) -> None:
+        """Set ``task``'s restore target once the broker has said it (asked again if not)."""
         try:
-            low, high = self.tasks.watermarks.get_watermark_offsets(tp, timeout=5, cached=False)
+            answer = self.targets.answer(task)
         except clients.KafkaException as exc:
             if exc.args[0].fatal():
                 raise
             LOG.warning("partition %d: no high watermark yet (%s); retrying", task.partition, exc)
-            # Its view of the partition may be stale (a leader moved while a broker was down,
-            # the partition unknown since): ask again soon with a fresh client.
-            with contextlib.suppress(Exception):
-                self.tasks.watermarks.close()
-            self.tasks.watermarks = self.tasks.new_watermarks()
-            self._targets_retry_at = time.monotonic() + _TARGET_RETRY_S
-            return False
+            return
+        if answer is None:
+            return
+        low, high = answer
         stored = task.store.events_offset
         foreign = self._foreign(task, stored, low, high)
         if foreign is not None:
@@ -158,7 +151,6 @@ class StateRestorer:
         task.events_end = stored
         task.last_progress = time.monotonic()
         LOG.info("partition %d: restoring events %d..%d", task.partition, stored, high)
-        return True
 
     def _foreign(self, task: PartitionTask, stored: int, low: int, high: int) -> str | None:
         """Why the store cannot be a cache of this events partition, or ``None``."""
@@ -250,3 +242,66 @@ class StateRestorer:
         task.to_retry = deque(task.store.parked(None)) if task.store.has_parked() else deque()
         if not self.ready.is_set() and not self.tasks.restoring():
             self.ready.set()
+
+
+class Targets:
+    """The events partitions' high watermarks, asked for on threads, every partition on its
+    own: a partition whose leader is gone (a broker down) waits for an answer without holding
+    back the others' restores, nor the loop, nor the transactions of the active partitions."""
+
+    def __init__(self, tasks: TaskManager) -> None:
+        self.tasks = tasks
+        self._asked: dict[int, tuple[PartitionTask, Future[tuple[int, int]]]] = {}
+        self._retry_at: dict[int, float] = {}
+        #: Partitions whose last query failed: asked again with a fresh client.
+        self._fresh: set[int] = set()
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="flowstream-targets")
+
+    def ask(self, tasks: list[PartitionTask]) -> None:
+        """Ask for the targets of ``tasks`` not asked for yet; waits a moment for the answers
+        (a healthy broker's come in milliseconds: this slice goes on with them)."""
+        now = time.monotonic()
+        new = []
+        for task in tasks:
+            asked = self._asked.get(task.partition)
+            if asked is not None and asked[0] is task:
+                continue
+            if now < self._retry_at.get(task.partition, 0.0):
+                continue
+            fresh = task.partition in self._fresh
+            self._fresh.discard(task.partition)
+            future = self._pool.submit(self._query, task.partition, fresh)
+            self._asked[task.partition] = (task, future)
+            new.append(future)
+        if new:
+            wait(new, timeout=_TARGET_WAIT_S)
+
+    def _query(self, partition: int, fresh: bool) -> tuple[int, int]:
+        tp = clients.TopicPartition(self.tasks.ctx.topics[EVENTS], partition)
+        # After a failure the shared client's view of the partition may be stale (a leader
+        # moved while a broker was down, the partition unknown since): a fresh one asks.
+        client = self.tasks.new_watermarks() if fresh else self.tasks.watermarks
+        try:
+            low, high = client.get_watermark_offsets(tp, timeout=5, cached=False)
+        finally:
+            if fresh:
+                with contextlib.suppress(Exception):
+                    client.close()
+        return int(low), int(high)
+
+    def answer(self, task: PartitionTask) -> tuple[int, int] | None:
+        """The (low, high) watermarks asked for ``task``, once answered; ``None`` until then.
+        Raises what the broker answered instead (asked again a moment later)."""
+        asked = self._asked.get(task.partition)
+        if asked is None or asked[0] is not task or not asked[1].done():
+            return None
+        del self._asked[task.partition]
+        try:
+            return asked[1].result()
+        except clients.KafkaException:
+            self._retry_at[task.partition] = time.monotonic() + _TARGET_RETRY_S
+            self._fresh.add(task.partition)
+            raise
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

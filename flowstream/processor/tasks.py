@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import logging
 import shutil
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -124,44 +125,57 @@ class TaskManager:
         restored; ``seek`` moves the consumer back there (when taking them again)."""
         consumer = self.consumer
         consumer.pause(assigned)
-        if self.fence is not None:
-            self.fence.fence(assigned)  # else committed() waits for a dead owner's timeout
-        committed = patiently(lambda: consumer.committed(assigned, timeout=20))
-        by_partition: dict[int, dict[str, int]] = {}
-        for tp in committed:
-            position = tp.offset
-            if position < 0:
-                where = clients.TopicPartition(tp.topic, tp.partition)
-                low, _ = patiently(
-                    functools.partial(self.watermarks.get_watermark_offsets, where, timeout=10)
-                )
-                position = low
-            by_partition.setdefault(tp.partition, {})[tp.topic] = position
-            if seek:
-                consumer.seek(clients.TopicPartition(tp.topic, tp.partition, position))
+        # The stores open on a thread while the previous writers are fenced and the positions
+        # read: one waits on the disk, the others on the coordinators (a failover waits on both).
+        opening = _Opening(self, sorted({tp.partition for tp in assigned}))
+        try:
+            if self.fence is not None:
+                self.fence.fence(assigned)  # else committed() waits for a dead owner's timeout
+            committed = patiently(lambda: consumer.committed(assigned, timeout=20))
+            by_partition: dict[int, dict[str, int]] = {}
+            for tp in committed:
+                position = tp.offset
+                if position < 0:
+                    where = clients.TopicPartition(tp.topic, tp.partition)
+                    low, _ = patiently(
+                        functools.partial(self.watermarks.get_watermark_offsets, where, timeout=10)
+                    )
+                    position = low
+                by_partition.setdefault(tp.partition, {})[tp.topic] = position
+                if seek:
+                    consumer.seek(clients.TopicPartition(tp.topic, tp.partition, position))
+            for partition, positions in by_partition.items():
+                if set(positions) != set(self.command_topics):
+                    raise TopologyError(
+                        f"partition {partition} was assigned for only some command topics; "
+                        "use the range assignor with equal partition counts"
+                    )
+            opened = opening.result()
+        except BaseException:
+            opening.discard()
+            raise
         self.on_taken(set(by_partition))
         for partition, positions in by_partition.items():
-            if set(positions) != set(self.command_topics):
-                raise TopologyError(
-                    f"partition {partition} was assigned for only some command topics; "
-                    "use the range assignor with equal partition counts"
-                )
-            self.own(partition, positions)
+            task = opened[partition]
+            task.positions = dict(positions)
+            task.committed = dict(positions)
+            task.restore_began = task.last_progress = time.monotonic()
+            self.owned[partition] = task
 
-    def own(self, partition: int, positions: dict[str, int]) -> None:
+    def open(self, partition: int, positions: dict[str, int]) -> PartitionTask:
+        """A task for ``partition`` on its store (a store this process just closed, in a reset
+        or a quick rebalance, can take a moment to release its lock: tried again)."""
         path = state_path(
             self.state_root, self.ctx.settings.group, self.ctx.settings.topic_prefix, partition
         )
         for attempt in range(_OPEN_ATTEMPTS):
             try:
-                self.owned[partition] = self._build(partition, path, positions)
-                return
+                return self._build(partition, path, positions)
             except StoreLockedError:
-                # A store this process just closed (a reset, a quick rebalance) can take a
-                # moment to release its lock; another process holding it is fatal.
                 if attempt == _OPEN_ATTEMPTS - 1:
-                    raise
+                    raise  # another process holds it: fatal
                 time.sleep(0.2 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def drop(self, partitions: set[int]) -> None:
         for partition in partitions:
@@ -187,3 +201,34 @@ class TaskManager:
         for task in list(self.owned.values()):
             task.store.close()
         self.owned.clear()
+
+
+class _Opening:
+    """The tasks of some partitions, their stores opened on a thread of their own."""
+
+    def __init__(self, tasks: TaskManager, partitions: list[int]) -> None:
+        self._tasks = tasks
+        self._partitions = partitions
+        self._opened: dict[int, PartitionTask] = {}
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._open, name="flowstream-open", daemon=True)
+        self._thread.start()
+
+    def _open(self) -> None:
+        try:
+            for partition in self._partitions:
+                self._opened[partition] = self._tasks.open(partition, {})
+        except BaseException as exc:  # raised by result(), on the thread that waits
+            self._error = exc
+
+    def result(self) -> dict[int, PartitionTask]:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._opened
+
+    def discard(self) -> None:
+        """Close what was opened (the assignment failed)."""
+        self._thread.join()
+        for task in self._opened.values():
+            task.store.close()

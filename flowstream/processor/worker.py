@@ -142,6 +142,7 @@ class Processor:
             self.tasks.close()
             if self.tasks.fence is not None:
                 self.tasks.fence.close()
+            self.restorer.targets.close()
             for close in (self.restorer.consumer.close, self.tasks.watermarks.close):
                 with contextlib.suppress(Exception):
                     close()
