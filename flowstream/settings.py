@@ -54,7 +54,7 @@ class Settings(FrozenModel):
     #: the next owner of its partitions fences it at once (``processor.fence``).
     transaction_timeout_ms: int = Field(default=10_000, ge=1000)
     #: A processor that sent no heartbeat for this long loses its partitions (heartbeats every
-    #: fifth of it). Raised to the brokers' ``group.min.session.timeout.ms`` if below.
+    #: tenth of it). Raised to the brokers' ``group.min.session.timeout.ms`` if below.
     session_timeout_ms: int = Field(default=1_500, ge=1000)
     max_poll_interval_ms: int = Field(default=60_000, ge=1000)
     #: How long one loop iteration takes decisions before its transaction is sealed (steps'
