@@ -23,7 +23,9 @@ __all__ = [
     "Continuation",
     "chain_hop",
     "chain_root",
+    "linked_root",
     "reported_child",
+    "same_link",
     "successor_link",
 ]
 
@@ -45,9 +47,19 @@ def reported_child(state: RunState) -> tuple[str, str] | None:
     return None if link.reports_to is None else (link.reports_to, link.child_id)
 
 
+def linked_root(state: RunState) -> str | None:
+    """The root of ``state``'s chain as its own link says (itself for a root), without reading
+    another run: ``None`` only for a continuation whose link was written before links named
+    their root."""
+    link = state.parent
+    if link is None or not link.continued:
+        return state.run_id
+    return link.root
+
+
 def successor_link(state: RunState) -> ParentLink:
-    """The link a continued ``state``'s successor is created with (carrying the child its
-    chain resolves, if any)."""
+    """The link a continued ``state``'s successor is created with (carrying its chain's root,
+    and the child its chain resolves, if any)."""
     reported = reported_child(state)
     return ParentLink(
         run_id=state.run_id,
@@ -55,7 +67,16 @@ def successor_link(state: RunState) -> ParentLink:
         hop=chain_hop(state) + 1,
         reports_to=None if reported is None else reported[0],
         child_id=None if reported is None else reported[1],
+        root=linked_root(state),
     )
+
+
+def same_link(found: ParentLink | None, expected: ParentLink) -> bool:
+    """Whether a successor's stored link is the one ``expected`` of its predecessor: a link
+    written before links named their root has none, and that is no difference."""
+    if found is not None and found.root is None:
+        found = found.model_copy(update={"root": expected.root})
+    return found == expected
 
 
 class ChainWalk:
@@ -130,7 +151,7 @@ class Continuation(ReplayCycle):
         hop = chain_hop(state) + 1
         if hop <= self._max_continuations:
             return
-        root = chain_root(self.store, state).run_id
+        root = linked_root(state) or chain_root(self.store, state).run_id
         raise LimitExceededError(
             f"run {state.run_id}: continuing as new would be hop {hop} of the continuation chain "
             f"of root {root}, beyond max_continuations={self._max_continuations}, so the link was "
@@ -155,10 +176,10 @@ class Continuation(ReplayCycle):
             except EventConflictError:
                 pass
         found = self.store.state(successor).history[0].event
-        # A successor made before links carried their hop and the child their chain resolves
-        # has neither: both are derived from the predecessor, so they are not part of what must
-        # match.
-        derived = {"parent": {"hop", "reports_to", "child_id"}}
+        # A successor made before links carried their hop, root and the child their chain
+        # resolves has none of them: they are derived from the predecessor, so they are not
+        # part of what must match.
+        derived = {"parent": {"hop", "reports_to", "child_id", "root"}}
         if not json_equal(
             found.model_dump(mode="json", exclude=derived),
             created.model_dump(mode="json", exclude=derived),

@@ -76,7 +76,9 @@ class ParentLink(FrozenModel):
     ``hop`` is a continuation's place in its chain (the root's successor is hop 1), so the
     continuation limit is checked without reading the runs before it. In the chain of a child,
     a continuation also names the parent it ``reports_to`` and the ``child_id`` there, so the
-    chain's last run resolves the child without reading the runs before it either.
+    chain's last run resolves the child without reading the runs before it either. A
+    continuation names its chain's ``root`` (the first run), which may live on another
+    partition than the run (``None`` for a child's link, and in links written before it).
     """
 
     run_id: str
@@ -84,6 +86,7 @@ class ParentLink(FrozenModel):
     continued: bool = False
     hop: int = Field(default=0, ge=0)
     reports_to: str | None = None
+    root: str | None = None
 
 
 class TerminalOutcome(FrozenModel):

@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Protocol
 
 from flowstream.engine import FlowEngine
-from flowstream.engine.continuation import reported_child, successor_link
+from flowstream.engine.continuation import reported_child, same_link, successor_link
 from flowstream.errors import CorruptHistoryError, RuntimeBuildUnavailableError
 from flowstream.model.base import JSON
 from flowstream.model.events import ChildCancellationPolicy, ParentLink, TerminalOutcome
@@ -166,7 +166,7 @@ class PartitionEngine(FlowEngine):
         next start for ever), so it is not followed."""
         if parent is not None and parent.continued and self.store.exists(run_id):
             found = self.store.state(run_id).parent
-            if found != parent:
+            if not same_link(found, parent):
                 raise CorruptHistoryError(
                     f"run {run_id} exists but is not hop {parent.hop} of the continuation chain "
                     f"after run {parent.run_id}: its link differs, so the chain is not followed",

@@ -124,6 +124,7 @@ def test_a_few_fields_by_hand() -> None:
         "continued": False,
         "hop": 0,
         "reports_to": None,
+        "root": None,
     }
     assert fields["depth"] == 2
     _, hook = read_value(codec.encode_event(envelope(events[22])))

@@ -330,7 +330,12 @@ def test_a_child_that_continues_as_new_resolves_with_its_last_outcome(flows: Flo
     assert len(chain) == 4
     for hop, (predecessor, successor) in enumerate(pairwise(chain), start=1):
         assert flow.state(successor).parent == ParentLink(
-            run_id=predecessor, continued=True, hop=hop, child_id="loop", reports_to=flow.id("p1")
+            run_id=predecessor,
+            continued=True,
+            hop=hop,
+            child_id="loop",
+            reports_to=flow.id("p1"),
+            root=chain[0],
         )
 
 

@@ -232,18 +232,37 @@ def test_a_workflow_that_always_continues_stops_at_the_hop_limit(flows: Flows) -
     assert len(flow.continuation_chain("root")) == 6
 
 
-def test_the_hop_limit_refusal_names_the_chains_root(
-    flows: Flows, request: pytest.FixtureRequest
-) -> None:
-    if flows.mode == "kafka":
-        reason = (
-            "defect (docs/parity.md, 'the hop limit names the wrong root'): on Kafka the "
-            "refusal names the refused run as the chain's root (the first runs of the chain "
-            "live on other partitions)"
-        )
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+def test_the_hop_limit_refusal_names_the_chains_root(flows: Flows) -> None:
+    """Each link names its chain's root, so the refusal names it wherever the refused run lives
+    (on Kafka the first runs of the chain live on other partitions)."""
     flow = flows(make_runtime(forever), builds=BUILDS, max_continuations=5)
-    assert f"root {flow.id('root')}" in hop_refusal(flow.start("root", SPEC, {"n": 0}))
+    leaf = flow.start("root", SPEC, {"n": 0})
+    assert f"root {flow.id('root')}," in hop_refusal(leaf)
+    chain = flow.continuation_chain("root")
+    assert {flow.state(r).parent.root for r in chain[1:]} == {chain[0]}  # type: ignore[union-attr]
+
+
+def test_a_chain_whose_links_name_no_root_is_walked_back_to_it(
+    store: EventStore, clock: FakeClock
+) -> None:
+    """Links written before they named their chain's root: the refusal walks back to it."""
+    store.append_if_sequence(
+        "root",
+        0,
+        [
+            RunCreated(spec=SPEC, input={"n": 0}),
+            RunStarted(),
+            RunContinuedAsNew(successor_run_id="root-2", input={"n": 1}),
+        ],
+    )
+    old_link = ParentLink(run_id="root", continued=True, hop=1)
+    store.append_if_sequence("root-2", 0, [RunCreated(spec=SPEC, input={"n": 1}, parent=old_link)])
+    engine = FlowEngine(
+        store, make_runtime(forever), clock=clock, builds=BUILDS, max_continuations=1
+    )
+    leaf = run(engine.drive("root-2", retry_task=True))
+    assert leaf.run_id == "root-2"
+    assert "hop 2 of the continuation chain of root root," in hop_refusal(leaf)
 
 
 def test_the_hop_limit_can_be_raised_or_disabled(store: EventStore, clock: FakeClock) -> None:

@@ -91,6 +91,26 @@ def test_successor_starts_carry_their_hop_and_the_chain_stops_at_the_limit() -> 
     assert "hop 4" in failure.message and "root root" in failure.message
 
 
+def test_the_refusal_names_the_root_when_the_chain_began_on_other_partitions() -> None:
+    """Each hop on a partition of its own (a store holding that run alone): the refused run
+    reads no run before it, and its link names the chain's root."""
+    starts = [StartRun(run_id="root", spec=SPEC, input=0)]
+    engines: list[tuple[MemoryEventStore, PartitionEngine]] = []
+    while starts:
+        start = starts.pop()
+        assert start.parent is None or start.parent.root == "root"
+        store, sent = MemoryEventStore(), list[CommandMessage]()
+        engines.append((store, partition(store, sent)))
+        deliver(engines[-1][1], start)
+        starts.extend(sent)
+    assert len(engines) == 4
+    store, engine = engines[-1]
+    [last] = store.list_runs()
+    failure = engine.snapshot(last).task_failure
+    assert failure is not None and failure.error_type == "LimitExceededError"
+    assert "hop 4" in failure.message and "root root," in failure.message
+
+
 def test_a_start_that_leads_a_chain_back_into_itself_is_refused() -> None:
     store = MemoryEventStore()
     store.append_if_sequence(
