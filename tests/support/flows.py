@@ -343,6 +343,14 @@ class KafkaFlow:
             return None
         self._known.add(run_id)
         state = self._last[run_id] = RunState.from_history(history)
+        # The ids a test may take from this state are real ids: its children, its successor
+        # and its link. (Learning them only while walking a run that waits for them missed a
+        # run that had ended by the time it was first read, on a fast machine.)
+        self._known.update(child.run_id for child in state.children.values())
+        if state.outcome is not None and state.outcome.successor_run_id is not None:
+            self._known.add(state.outcome.successor_run_id)
+        if state.parent is not None:
+            self._known.add(state.parent.run_id)
         return state
 
     def _settled(self, run_id: str, *, follow: bool, read: bool = False) -> RunState:
@@ -455,12 +463,14 @@ def _processor_options(options: dict[str, Any]) -> tuple[tuple[str | None, ...],
     return builds, settings
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def processor_pool(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ProcessorPool]:
-    """The processors of the session's scenario tests, one per configuration (asked for only
-    by the ``kafka`` mode): the broker-side setup is paid once, not per module or test."""
+    """The processors of the scenario tests, one per configuration (asked for only by the
+    ``kafka`` mode): the broker-side setup is paid once, not per module or test, and they
+    stop when the package's tests are done (their loops would go on through the rest of the
+    session)."""
     bootstrap = request.getfixturevalue("kafka_bootstrap")
     pool = ProcessorPool(bootstrap, tmp_path_factory.mktemp("processors"), "scenarios")
     try:

@@ -93,6 +93,9 @@ class EventCache:
         )
         assigned = [clients.TopicPartition(self.topic, p, 0) for p in range(self.partitions)]
         self._consumer.assign(assigned)
+        # Paused but while one is read: an idle consumer assigned to every partition would ask
+        # the broker for each of them every 10 ms, for as long as the host lives.
+        self._consumer.pause(assigned)
         # Asks for the end of a partition past open transactions (a barrier, below).
         self._uncommitted = clients.new_consumer(
             settings.bootstrap,
@@ -116,6 +119,7 @@ class EventCache:
             end = high_watermark(reader, self.topic, partition, deadline)
             where = [clients.TopicPartition(self.topic, partition)]
             if end and self._consumer.position(where)[0].offset < end:
+                self._consumer.resume(where)
                 try:
                     while self._consumer.position(where)[0].offset < end:
                         if time.monotonic() > deadline:
@@ -128,7 +132,7 @@ class EventCache:
                         for envelope in wire.decode_events(messages, on_bad=_no_bad_record):
                             self._runs.setdefault(envelope.run_id, []).append(envelope)
                 finally:
-                    pass
+                    self._consumer.pause(where)
             return list(self._runs.get(run_id, ()))
 
     def close(self) -> None:
