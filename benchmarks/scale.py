@@ -24,7 +24,8 @@ serving ``benchmarks.scale_app:runtime``):
 
 ``--fill synthetic`` fills partition 0 without a filler: one real ``scale-park`` history is
 cloned for each run id and produced straight to the events topic (a million runs in minutes,
-where a filler takes hours); the cold worker is then the first to take them. For cold and warm
+where a filler takes hours); the cold worker is then the first to take them. ``--reuse
+PREFIX`` restores the topics of an earlier synthetic fill of as many runs again. For cold and warm
 the record also gives the worker's RSS once restored (it holds every run: issue 19's figure),
 its state directory's size per run, and the seconds until the first signalled run completed
 (first-decision latency after the restart). After them, ``flowstream audit`` reads the topic in
@@ -51,6 +52,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import random
 import re
 import shutil
 import tempfile
@@ -64,7 +66,7 @@ from typing import Any
 from benchmarks import harness, scale_embedded
 from benchmarks.restore import run_ids_on
 from benchmarks.scale_app import ONE, PARK, SIGNAL
-from benchmarks.scale_embedded import audit_usage, disk_bytes, status_kib, synthetic_histories
+from benchmarks.scale_embedded import audit_usage, disk_bytes, status_kib, synthetic_runs
 from flowstream import codec
 from flowstream.client import FlowClient
 from flowstream.kafka import clients
@@ -341,17 +343,20 @@ def fill(prefix: str, state_root: Path, args: argparse.Namespace, counts: Counts
 
 def fill_synthetic(prefix: str, args: argparse.Namespace) -> dict[str, Any]:
     """``args.runs`` parked runs on partition 0, their histories produced straight to the events
-    topic (``scale_embedded.synthetic_histories``): no worker wrote them, the cold restore is
-    the first to take them."""
+    topic (``scale_embedded.synthetic_runs``): no worker wrote them, the cold restore is the
+    first to take them. With ``--reuse`` the topic of an earlier fill is taken as it is."""
     ids = run_ids_on(0, args.runs, PARTITIONS, prefix[-8:])
     topic = load_topology().names(prefix)[EVENTS]
+    if args.reuse:
+        events = _high_watermark(topic)
+        print(f"reusing {prefix}: {len(ids):,} runs, {events:,} records on partition 0")
+        return {"runs": len(ids), "fill_s": None, "events_partition_0": events, "ids": ids}
     producer = clients.new_producer(harness.BOOTSTRAP, {"linger.ms": 50})
     began = time.monotonic()
     events = 0
-    for history in synthetic_histories(ids):
-        key = history[0].run_id.encode()
-        for envelope in history:
-            value = codec.encode_event(envelope)
+    for run_id, _, records, _ in synthetic_runs(((r, PARK) for r in ids), codec.encode_event):
+        key = run_id.encode()
+        for value in records:
             while True:
                 try:
                     producer.produce(topic, value=value, key=key, partition=0)
@@ -360,13 +365,22 @@ def fill_synthetic(prefix: str, args: argparse.Namespace) -> dict[str, Any]:
                     producer.poll(0.05)
             events += 1
         producer.poll(0)
-        if events % 600_000 < len(history):
+        if events % 600_000 < len(records):
             print(f"  {events:,} events produced", flush=True)
     if producer.flush(120):
         raise SystemExit("the synthetic events were not acknowledged in 120 s")
     fill_s = time.monotonic() - began
     print(f"produced {len(ids):,} suspended runs ({events:,} events) in {fill_s:.1f} s")
     return {"runs": len(ids), "fill_s": round(fill_s, 1), "events_partition_0": events, "ids": ids}
+
+
+def _high_watermark(topic: str) -> int:
+    consumer = clients.new_consumer(harness.BOOTSTRAP, f"scale-watermark-{_tag()}")
+    try:
+        _, high = consumer.get_watermark_offsets(clients.TopicPartition(topic, 0), timeout=10)
+    finally:
+        consumer.close()
+    return int(high)
 
 
 def restart(
@@ -381,6 +395,8 @@ def restart(
             every=0.1,
         )
         probes = [r for r in ids if r not in counts.finished][: args.probes]
+        if args.reuse:  # an earlier restore of the topic signalled the first runs
+            probes = random.Random(kind).sample(ids, args.probes)
         probe_s = first_s = None
         held: dict[str, Any] = {}
         if restored:
@@ -434,8 +450,9 @@ def restart(
 
 
 def run_restore(args: argparse.Namespace, state_root: Path) -> list[dict[str, Any]]:
-    prefix = harness.new_prefix("scale-restore")
-    harness.apply_topics(prefix)
+    prefix = args.reuse or harness.new_prefix("scale-restore")
+    if not args.reuse:
+        harness.apply_topics(prefix)
     if args.fill == "synthetic":
         filled = fill_synthetic(prefix, args)
         filled["filler"] = {"producer_resets": None}
@@ -603,6 +620,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("worker", "synthetic"),
         default="worker",
         help="restore: a filler worker drives the runs, or their histories are produced",
+    )
+    parser.add_argument(
+        "--reuse",
+        metavar="PREFIX",
+        default=None,
+        help="restore, synthetic: the topics of an earlier synthetic fill of --runs runs",
     )
     parser.add_argument("--no-audit", dest="audit", action="store_false", help="skip the audit")
     parser.add_argument("--concurrency", type=int, default=500, help="embedded: starts at once")

@@ -17,18 +17,27 @@ for filling an events topic straight from a producer (``scale.py --fill syntheti
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from benchmarks import harness
 from benchmarks.scale_app import PARK, SIGNAL, runtime
+from flowstream import codec
+from flowstream.engine import FlowEngine
+from flowstream.errors import FlowError
+from flowstream.model.events import EventEnvelope
+from flowstream.model.spec import WorkflowSpec
+from flowstream.replay.state import RunState
+from flowstream.stores.base import new_event_id
+from flowstream.stores.memory import MemoryEventStore
 
 APP = "benchmarks.scale_app:runtime"
 
@@ -74,20 +83,91 @@ def audit_usage(arguments: list[str]) -> dict[str, Any]:
     }
 
 
-def synthetic_histories(run_ids: list[str]) -> Iterator[list[Any]]:
-    """A real ``scale-park`` history (six events, suspended on ``go``) for each run id."""
-    from flowstream.engine import FlowEngine
-    from flowstream.stores.base import new_event_id
-    from flowstream.stores.memory import MemoryEventStore
+#: One synthetic run: its id, the template's envelopes (their sequences), the run's records
+#: (the template's bytes under the run's id and fresh event ids) and its state.
+Synthetic = tuple[str, list[EventEnvelope], list[bytes], RunState]
 
-    async def template() -> list[Any]:
-        engine = FlowEngine(MemoryEventStore(), runtime)
-        await engine.start("template", PARK, {"i": 0})
-        return engine.history("template")
 
-    events = asyncio.run(template())
-    for run_id in run_ids:
-        yield [e.model_copy(update={"run_id": run_id, "event_id": new_event_id()}) for e in events]
+def synthetic_runs(
+    runs: Iterable[tuple[str, WorkflowSpec]], encode: Callable[[EventEnvelope], bytes]
+) -> Iterator[Synthetic]:
+    """A real history for each ``(run id, spec)``: the engine runs a template of that spec once
+    per run-id length (on a memory store), its events are encoded with ``encode`` once, and each
+    run gets those bytes with the template's run id and event ids replaced (same lengths, so an
+    Avro encoding stays valid; the first run of each template is checked by decoding it).
+    Thousands of times faster than encoding every event."""
+    templates: dict[tuple[str, int], tuple[bytes, list[EventEnvelope], list[bytes], RunState]] = {}
+    checked: set[tuple[str, int]] = set()
+    for run_id, spec in runs:
+        key = (spec.name, len(run_id))
+        template = templates.get(key)
+        if template is None:
+            template = templates[key] = _template(spec, len(run_id), encode)
+        template_id, envelopes, encoded, state = template
+        new_id = run_id.encode()
+        records = [
+            raw.replace(template_id, new_id).replace(e.event_id.encode(), new_event_id().encode())
+            for e, raw in zip(envelopes, encoded, strict=True)
+        ]
+        if key not in checked:
+            checked.add(key)
+            _check(records, envelopes, run_id)
+        yield run_id, envelopes, records, dataclasses.replace(state, run_id=run_id)
+
+
+def _template(
+    spec: WorkflowSpec, length: int, encode: Callable[[EventEnvelope], bytes]
+) -> tuple[bytes, list[EventEnvelope], list[bytes], RunState]:
+    run_id = "T" * length  # a run of T's appears nowhere else in the encoded events
+
+    async def make() -> RunState:
+        store = MemoryEventStore()
+        await FlowEngine(store, runtime).start(run_id, spec, {"i": 0})
+        return store.state(run_id)
+
+    state = asyncio.run(make())
+    envelopes = list(state.history)
+    return run_id.encode(), envelopes, [encode(e) for e in envelopes], state
+
+
+def _check(records: list[bytes], envelopes: list[EventEnvelope], run_id: str) -> None:
+    """The first run of a template decodes to the template's events under its id."""
+    for raw, template in zip(records, envelopes, strict=True):
+        try:
+            decoded = codec.decode_event(raw)
+        except FlowError:
+            decoded = EventEnvelope.model_validate_json(raw)
+        expected = template.model_copy(update={"run_id": run_id, "event_id": decoded.event_id})
+        assert decoded == expected and decoded.event_id != template.event_id, decoded
+
+
+def bulk_fill(store: Any, runs: Iterable[tuple[str, WorkflowSpec]], every: int = 5000) -> int:
+    """Write synthetic runs straight into a ``RocksDBEventStore``, ``every`` runs per write,
+    through the store's own append record (``put_append``: events, last sequence, the open-runs
+    and wakeup entries) with the run index's keys that ``RunTable.change`` gives for each run's
+    state, as an append of its whole history would; returns the runs written."""
+    from rocksdict import WriteBatch
+
+    from flowstream.stores.base import IndexChanges
+    from flowstream.stores.rocksdb import put_append
+
+    table = store.run_index()
+    batch = WriteBatch(raw_mode=True)
+    count = 0
+    for run_id, envelopes, records, state in synthetic_runs(runs, store._encode):
+        changes = IndexChanges()
+        changes.run_open = True if not state.is_terminal else None
+        changes.added_wakeups = state.wakeups()
+        changes.run_index = table.change(None, state)
+        put_append(batch, run_id, envelopes, records, changes)
+        count += 1
+        if count % every == 0:
+            store._db.write(batch)
+            batch = WriteBatch(raw_mode=True)
+            if count % 100_000 == 0:
+                print(f"  {count:,} runs written", file=sys.stderr, flush=True)
+    store._db.write(batch)
+    return count
 
 
 async def _create(engine: Any, count: int, concurrency: int) -> None:

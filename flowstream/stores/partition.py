@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from rocksdict import WriteBatch
 
@@ -88,8 +88,12 @@ _RUNNING_EVENTS = TERMINAL_EVENTS | {
 }
 
 
-#: Restored runs remembered in memory before the finished ones are let go.
-_RESTORED_KEPT = 100_000
+#: Restored runs remembered in memory between slices; past this many they are let go (the
+#: u-mark and last sequence of an unfinished one are in RocksDB, read back when it next has a
+#: record), so a restore's memory does not grow with the runs it restores.
+_RESTORED_KEPT = 10_000
+#: Runs ``finish_restore`` builds per write (their u-marks, wakeups and status moves together).
+_FINISH_CHUNK = 5_000
 #: Projections one partition keeps in memory: the runs being driven (``_forget_idle`` lets the
 #: others go at their commit; they are read from disk when an input or a deadline arrives).
 PARTITION_CACHE_RUNS = 1_000
@@ -171,8 +175,9 @@ class PartitionStore(_Transactions, Quarantine, StatusIndex, TokenIndex, RocksDB
         self._sealed_overlays: _Overlays = ({}, {}, {})
         # How many commands wait in the inbox, so the common case (none) costs no scan.
         self._parked_count = sum(1 for _ in self._scan(b"i"))
-        # Runs restored without a projection, and those of them in the staged batch.
-        self._restored: dict[str, _Restored] = _unindexed_runs(self._scan(b"u"), self._db)
+        # Runs restored without a projection (the recent ones: the others are read back from
+        # their u-marks), and those of them in the staged batch.
+        self._restored: dict[str, _Restored] = {}
         self._event_head = codec.default_codec().event_head
         self._restaged: set[str] = set()
         #: Runs the last ``finish_restore`` found waiting on nothing: only a decision moves them
@@ -325,7 +330,7 @@ class PartitionStore(_Transactions, Quarantine, StatusIndex, TokenIndex, RocksDB
         self._statuses.discard()
         if self._restaged:
             self._restaged.clear()
-            self._restored = _unindexed_runs(self._scan(b"u"), self._db)
+            self._restored = {}  # read back from RocksDB's u-marks when needed
         self._parked_count = sum(1 for _ in self._scan(b"i"))
         for run_id in self._staged_runs | self._sealed_runs:
             self._states.pop(run_id, None)
@@ -373,6 +378,8 @@ class PartitionStore(_Transactions, Quarantine, StatusIndex, TokenIndex, RocksDB
             return False  # its history stays where it broke
         held = self._restored.get(run_id)
         if held is None:
+            held = self._unindexed(run_id)
+        if held is None:
             if run_id in self._states or self._db.get(b"r" + run_id.encode()) is not None:
                 # A run this store held before the restore: advance its projection.
                 return self._restore_applied(envelope or codec.decode_event(raw), raw)
@@ -404,6 +411,17 @@ class PartitionStore(_Transactions, Quarantine, StatusIndex, TokenIndex, RocksDB
         held.kind = kind
         self._restaged.add(run_id)
         return True
+
+    def _unindexed(self, run_id: str) -> _Restored | None:
+        """A run restored earlier without a projection (its u-mark is in RocksDB), read back
+        and remembered again; ``None`` for any other run."""
+        key = run_id.encode()
+        if self._db.get(b"u" + key) is None:
+            return None
+        raw = self._db.get(b"r" + key)
+        last = 0 if raw is None else int.from_bytes(bytes(raw), "big")
+        held = self._restored[run_id] = _Restored(last, None, True)
+        return held
 
     def _restore_applied(self, envelope: EventEnvelope, raw: bytes) -> bool:
         """Restore one event of a run that has a projection: apply it and diff its indexes."""
@@ -461,42 +479,58 @@ class PartitionStore(_Transactions, Quarantine, StatusIndex, TokenIndex, RocksDB
                     held.marked = True
         self._restaged.clear()
         if len(self._restored) > _RESTORED_KEPT:
-            # Finished runs are in RocksDB now; a later record of one takes the slow path.
-            self._restored = {r: h for r, h in self._restored.items() if h.marked}
+            # All of them are in RocksDB now: an unfinished run is read back from its u-mark,
+            # a finished one takes the slow path.
+            self._restored = {}
 
     def finish_restore(self) -> list[tuple[str, FlowError]]:
         """Build the wakeup and running-step entries of every restored run that is not finished
-        (call after the last ``commit_local`` of a restore). Returns the runs whose history
-        does not validate, with the error; they stay readable and report it."""
+        (call after the last ``commit_local`` of a restore): the u-marked runs, read from
+        RocksDB ``_FINISH_CHUNK`` at a time, each chunk written with its status moves. Returns
+        the runs whose history does not validate, with the error; they stay readable and
+        report it."""
         assert not self._restaged, "commit_local the restored records first"
         failures: list[tuple[str, FlowError]] = []
         self.to_drive = []
-        batch = WriteBatch(raw_mode=True)
-        moves: Counter[str] = Counter()
-        for run_id, held in self._restored.items():
-            if not held.marked:
-                continue
-            key = run_id.encode()
-            batch.delete(b"u" + key)
-            self._states.pop(run_id, None)
-            try:
-                state = self._state_or_none(run_id)
-            except FlowError as exc:
-                failures.append((run_id, exc))
-                continue
-            if state is None:
-                continue
-            self._statuses.move(held.counted, state.public_status().value, moves)
-            for wakeup in state.wakeups():
-                batch.put(wakeup_key(wakeup), b"")
-            if _has_running_step(state):
-                batch.put(b"x" + key, b"")
-            elif _needs_driving(state, self._clock()):
-                self.to_drive.append(run_id)
-        self._statuses.write(moves, batch)
-        self._db.write(batch, self._write_options)
         self._restored.clear()
+        start = b"u"
+        while chunk := self._marked_runs(start):
+            batch = WriteBatch(raw_mode=True)
+            moves: Counter[str] = Counter()
+            for run_id in chunk:
+                key = run_id.encode()
+                batch.delete(b"u" + key)
+                self._states.pop(run_id, None)
+                try:
+                    state = self._state_or_none(run_id)
+                except FlowError as exc:
+                    failures.append((run_id, exc))
+                    continue
+                if state is None:
+                    continue
+                self._statuses.move(PROVISIONAL, state.public_status().value, moves)
+                for wakeup in state.wakeups():
+                    batch.put(wakeup_key(wakeup), b"")
+                if _has_running_step(state):
+                    batch.put(b"x" + key, b"")
+                elif _needs_driving(state, self._clock()):
+                    self.to_drive.append(run_id)
+                if run_id not in self._staged_runs and run_id not in self._sealed_runs:
+                    self._states.pop(run_id, None)  # a run waiting costs disk, not memory
+            self._statuses.write(moves, batch)
+            self._db.write(batch, self._write_options)
+            start = b"u" + chunk[-1].encode() + b"\0"
         return failures
+
+    def _marked_runs(self, start: bytes) -> list[str]:
+        """Up to ``_FINISH_CHUNK`` u-marked runs, by run id, from the key ``start``."""
+        found: list[str] = []
+        for raw_key in self._db.keys(from_key=start):
+            key = bytes(raw_key)  # type: ignore[arg-type]  # raw mode yields bytes
+            if not key.startswith(b"u") or len(found) >= _FINISH_CHUNK:
+                break
+            found.append(key[1:].decode())
+        return found
 
     # -- inbox: commands parked until their run exists or their build is served ---------------
 
@@ -537,16 +571,6 @@ class PartitionStore(_Transactions, Quarantine, StatusIndex, TokenIndex, RocksDB
     def mark_to_drive(self, run_id: str) -> None:
         """Drive ``run_id`` after the next takeover (its decision failed and may pass then)."""
         self._stage().put(b"x" + run_id.encode(), b"")
-
-
-def _unindexed_runs(marks: Iterator[tuple[bytes, bytes]], db: Any) -> dict[str, _Restored]:
-    """The u-marked runs (a restore was interrupted after committing some of them)."""
-    found: dict[str, _Restored] = {}
-    for key, _ in marks:
-        raw = db.get(b"r" + key[1:])
-        last = 0 if raw is None else int.from_bytes(bytes(raw), "big")
-        found[key[1:].decode()] = _Restored(last, None, True)
-    return found
 
 
 def _needs_driving(state: RunState, now: datetime) -> bool:

@@ -109,7 +109,6 @@ class StatusIndex:
 
     _db: Any
     _write_options: Any
-    _restored: dict[str, Any]
     _statuses: StatusCounts
     if TYPE_CHECKING:  # the store's own, which must not be shadowed at run time
 
@@ -137,7 +136,7 @@ class StatusIndex:
             run_id = key[1:].decode()
             last = self._db.get(b"e" + key[1:] + b"\0" + bytes(value))
             status = TERMINAL_STATUS.get(self._event_type(bytes(last))) if last else None
-            if status is None and run_id not in self._restored:
+            if status is None and self._db.get(b"u" + key[1:]) is None:  # not u-marked
                 try:
                     status = self.state(run_id).public_status().value
                 except FlowError:

@@ -31,6 +31,7 @@ from flowstream.model.events import (
 )
 from flowstream.model.spec import RetryPolicy
 from flowstream.replay.decide import token_digest
+from flowstream.stores import partition
 from flowstream.stores.partition import PartitionStore
 from tests.support import EPOCH, FakeClock, envelope, spec
 
@@ -141,6 +142,43 @@ def test_a_restored_store_holds_what_the_live_path_wrote(
     assert store.state("done").is_terminal
     # Restored records again (a rewound consumer) are already held.
     assert not any(store.restore_event(raw) for raw in records)
+
+
+@pytest.mark.parametrize("slice_size", [1, 4])
+def test_a_restore_lets_its_runs_go_and_reads_them_back_from_the_store(
+    live: tuple[list[bytes], dict[bytes, bytes]],
+    tmp_path: Path,
+    slice_size: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With room for one run between slices and two per write of ``finish_restore``, a restore
+    (interrupted, a slice discarded) keeps no more in memory and builds the same store."""
+    monkeypatch.setattr(partition, "_RESTORED_KEPT", 1)
+    monkeypatch.setattr(partition, "_FINISH_CHUNK", 2)
+    records, content = live
+    first = new_store(tmp_path / "kept")
+    restore(first, records[:13], slice_size)
+    first.close()
+    store = new_store(tmp_path / "kept")
+    assert store._restored == {}  # nothing read up front: the u-marks stay on disk
+    for raw in records[13:20]:
+        store.restore_event(raw)
+    store.discard()
+    for at in range(13, len(records), slice_size):
+        for raw in records[at : at + slice_size]:
+            store.restore_event(raw)
+        store.commit_local(min(at + slice_size, len(records)))
+        assert len(store._restored) <= 1
+    assert store.finish_restore() == []
+    assert store._restored == {} and store._states == {}  # the runs are on disk alone
+    assert dump(store) == content
+    assert sorted(store.running_runs()) == ["running"]
+    assert sorted(store.to_drive) == ["created", "woken"]
+    assert not any(store.restore_event(raw) for raw in records)
+    reference = new_store(tmp_path / "reference")
+    restore(reference, records, 1000)
+    assert reference.finish_restore() == []
+    assert store.status_counts() == reference.status_counts()
 
 
 @pytest.mark.parametrize("cut", [5, 11, 17, 23])
