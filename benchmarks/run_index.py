@@ -42,6 +42,7 @@ from typing import Any
 
 from benchmarks import harness
 from benchmarks.scale_app import ONE, PARK, runtime
+from benchmarks.scale_embedded import bulk_fill
 from flowstream import codec
 from flowstream.engine import FlowEngine
 from flowstream.index import KafkaRunIndex, RunQuery, RunTable, row_of
@@ -218,44 +219,14 @@ def embedded(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
 
 def bulk(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
     """``--bulk N``: N runs written straight into a store, for the queries' figures at a size
-    the engine cannot create here in the time: each run's history is a copy of a template run's
-    (made by the engine: a suspended ``scale-park`` run, or every tenth a completed
-    ``scale-one``) under its own id, and its index keys are what ``RunTable.change`` (the
-    function every append calls) gives for the template's state under that id."""
-    import dataclasses
-
-    from rocksdict import WriteBatch
-
-    from flowstream.index.table import write_changes
-
-    templates = {}
-    for spec, run_id in ((PARK, "tmpl-park"), (ONE, "tmpl-one")):
-        memory = MemoryEventStore()
-        asyncio.run(FlowEngine(memory, runtime).start(run_id, spec, 1))
-        state = memory.state(run_id)
-        raws = [e.model_dump_json().encode() for e in state.history]
-        templates[spec.name] = (run_id, state, raws)
+    the engine cannot create here in the time (``scale_embedded.bulk_fill``: each run's history
+    is a copy of a template run's, made by the engine, a suspended ``scale-park`` run or every
+    tenth a completed ``scale-one``, under its own id and event ids, with the index keys that
+    ``RunTable.change``, the function every append calls, gives for its state)."""
     path = root / "bulk"
     store = RocksDBEventStore(path)
-    table = store.run_index()
     began = time.perf_counter()
-    batch = WriteBatch(raw_mode=True)
-    for n in range(args.bulk):
-        template_id, template, raws = templates[_spec(n).name]
-        run_id = f"run-{n:07d}"
-        key = run_id.encode()
-        quoted = f'"{template_id}"'.encode()
-        for sequence, raw in enumerate(raws, start=1):
-            event = raw.replace(quoted, f'"{run_id}"'.encode())
-            batch.put(b"e" + key + b"\0" + sequence.to_bytes(8, "big"), event)
-        batch.put(b"r" + key, len(raws).to_bytes(8, "big"))
-        if not template.is_terminal:
-            batch.put(b"o" + key, b"")
-        write_changes(batch, table.change(None, dataclasses.replace(template, run_id=run_id)))
-        if n % 5000 == 4999:
-            store._db.write(batch)
-            batch = WriteBatch(raw_mode=True)
-    store._db.write(batch)
+    bulk_fill(store, ((f"run-{n:07d}", _spec(n)) for n in range(args.bulk)))
     store.close()
     loaded = time.perf_counter() - began
     began = time.perf_counter()

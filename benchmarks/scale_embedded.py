@@ -20,6 +20,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -191,73 +192,115 @@ def _timed(work: Any) -> tuple[float, Any]:
     return round(time.perf_counter() - began, 3), result
 
 
-def embedded(
-    runs: int, concurrency: int, data_dir: str | None, inspect: bool, audit: bool
-) -> dict[str, Any]:
-    """The measurement itself (in this process)."""
-    from flowstream.engine import FlowEngine
+def _rss() -> dict[str, float]:
+    kib = status_kib()
+    return {"rss_mib": round(kib["VmRSS"] / 1024, 1), "peak_mib": round(kib["VmHWM"] / 1024, 1)}
+
+
+def create(directory: Path, runs: int, concurrency: int, fill: str) -> dict[str, Any]:
+    """``runs`` suspended runs in a new store at ``directory`` (in this process): through the
+    engine, or ``fill="synthetic"``: ``bulk_fill``."""
     from flowstream.stores.rocksdb import RocksDBEventStore, rocksdb_memory
 
-    record: dict[str, Any] = {"figure": "scale-embedded", "runs": runs}
-    directory = Path(tempfile.mkdtemp(prefix="scale-embedded-", dir=data_dir))
     store = RocksDBEventStore(directory)
-    engine = FlowEngine(store, runtime)
     began = time.monotonic()
-    asyncio.run(_create(engine, runs, concurrency))
+    if fill == "synthetic":
+        bulk_fill(store, ((f"park-{i}", PARK) for i in range(runs)))
+    else:
+        asyncio.run(_create(FlowEngine(store, runtime), runs, concurrency))
     create_s = time.monotonic() - began
-    kib = status_kib()
-    record.update(
-        create_s=round(create_s, 1),
-        create_per_s=round(runs / create_s),
-        rss_after_create_mib=round(kib["VmRSS"] / 1024, 1),
-        peak_rss_create_mib=round(kib["VmHWM"] / 1024, 1),
-        cached_projections=len(store._states),
-        rocksdb=rocksdb_memory(),
-        loadavg_after_create=round(os.getloadavg()[0], 2),
-    )
+    rss = _rss()
+    record = {
+        "create_s": round(create_s, 1),
+        "create_per_s": round(runs / create_s),
+        "rss_after_create_mib": rss["rss_mib"],
+        "peak_rss_create_mib": rss["peak_mib"],
+        "cached_projections": len(store._states),
+        "rocksdb": rocksdb_memory(),
+        "loadavg_after_create": round(os.getloadavg()[0], 2),
+    }
     store.close()
-    record["disk_bytes_per_run"] = round(disk_bytes(directory) / runs)
+    return {**record, "disk_bytes_per_run": round(disk_bytes(directory) / runs)}
+
+
+def reopen(directory: Path, inspect: bool) -> dict[str, Any]:
+    """What a fresh process that opens the store and serves its runs measures: the open, the
+    first decision (a signal to ``park-0``, never read since the store was written), the fleet
+    views (``summary()``, counts, listings by status through the run index, ``next_wakeup()``,
+    one pass of the stalled-run scan), the RSS then (the process holds every run: the figure of
+    issue 19), and last ``list_open_suspensions()``, which returns every open suspension (its
+    list is as long as the runs) and the RSS after it."""
+    from flowstream.index import RunQuery
+    from flowstream.model.snapshot import RunStatus
+    from flowstream.stores.rocksdb import RocksDBEventStore, rocksdb_memory
+
+    record: dict[str, Any] = {"rss_before_open_mib": _rss()["rss_mib"]}
     open_s, store = _timed(lambda: RocksDBEventStore(directory))
     engine = FlowEngine(store, runtime)
+    record.update(reopen_s=open_s, rss_after_open_mib=_rss()["rss_mib"])
     first_s, snapshot = _timed(
         lambda: asyncio.run(engine.signal("park-0", SIGNAL, "now", id="probe-0"))
     )
     assert snapshot.status.value == "completed", snapshot.status
-    record.update(reopen_s=open_s, first_decision_after_reopen_s=first_s)
+    record["first_decision_after_reopen_s"] = first_s
     if inspect:
+        suspended = frozenset({RunStatus.SUSPENDED})
+        index = engine.run_index()
         record["summary_s"], summary = _timed(engine.summary)
         record["summary_by_status"] = {k.value: v for k, v in summary.by_status.items()}
+        record["counts_s"], _ = _timed(index.counts)
+        record["list_by_status_s"], page = _timed(lambda: index.query(RunQuery(status=suspended)))
+        deep = page.next_cursor
+        for _ in range(98):
+            deep = index.query(RunQuery(status=suspended, cursor=deep)).next_cursor
+        record["list_by_status_page_100_s"], _ = _timed(
+            lambda: index.query(RunQuery(status=suspended, cursor=deep))
+        )
+        record["next_wakeup_s"], _ = _timed(store.next_wakeup)
+        record["repair_pass_s"], repairs = _timed(lambda: asyncio.run(engine.repair_stalled()))
+        record["repair_pass_scanned"] = repairs.scanned
+        rss = _rss()
+        record.update(
+            rss_serving_mib=rss["rss_mib"],
+            peak_rss_serving_mib=rss["peak_mib"],
+            cached_projections=len(store._states),
+            rocksdb=rocksdb_memory(),
+        )
         record["list_open_suspensions_s"], found = _timed(engine.list_open_suspensions)
         record["open_suspensions"] = len(found)
-        by_status = getattr(engine, "list_runs_by_status", None)
-        if by_status is not None:
-            record["list_by_status_s"], _ = _timed(lambda: by_status("suspended"))
-        kib = status_kib()
-        record.update(
-            rss_after_inspect_mib=round(kib["VmRSS"] / 1024, 1),
-            peak_rss_mib=round(kib["VmHWM"] / 1024, 1),
-        )
+        del found
+        rss = _rss()
+        record.update(rss_after_inspect_mib=rss["rss_mib"], peak_rss_mib=rss["peak_mib"])
     store.close()
-    if audit:
-        record.update(audit_usage(["--data", str(directory)]))
-    record["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
-    return {**record, "directory": str(directory)}
+    return record
+
+
+def _child(*arguments: str) -> dict[str, Any]:
+    command = [sys.executable, "-m", "benchmarks.scale_embedded", *arguments]
+    done = subprocess.run(command, cwd=harness.ROOT, stdout=subprocess.PIPE, check=True)
+    return dict(json.loads(done.stdout.decode().strip().splitlines()[-1]))
 
 
 def run_child(args: Any) -> dict[str, Any]:
-    """``embedded`` in a child process; its record."""
-    command = [
-        sys.executable,
-        "-m",
-        "benchmarks.scale_embedded",
-        str(args.runs),
-        str(args.concurrency),
-        args.data_dir or "",
-        "1" if args.inspect else "0",
-        "1" if args.audit else "0",
-    ]
-    done = subprocess.run(command, cwd=harness.ROOT, stdout=subprocess.PIPE, check=True)
-    return dict(json.loads(done.stdout.decode().strip().splitlines()[-1]))
+    """``embedded``: the store created in one child process, opened and inspected in another,
+    then audited; its record."""
+    directory = Path(tempfile.mkdtemp(prefix="scale-embedded-", dir=args.data_dir))
+    fill = getattr(args, "fill", "worker")
+    record: dict[str, Any] = {
+        "figure": "scale-embedded",
+        "runs": args.runs,
+        "fill": "synthetic" if fill == "synthetic" else "engine",
+    }
+    try:
+        record.update(_child("create", str(directory), str(args.runs), str(args.concurrency), fill))
+        record.update(_child("reopen", str(directory), "1" if args.inspect else "0"))
+        if args.audit:
+            record.update(audit_usage(["--data", str(directory)]))
+    finally:
+        if not getattr(args, "keep_state", False):
+            shutil.rmtree(directory, ignore_errors=True)
+    record["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
+    return record
 
 
 def say(record: dict[str, Any]) -> None:
@@ -267,25 +310,31 @@ def say(record: dict[str, Any]) -> None:
         "peak_rss_create_mib",
         "disk_bytes_per_run",
         "reopen_s",
+        "rss_after_open_mib",
         "first_decision_after_reopen_s",
         "summary_s",
-        "list_open_suspensions_s",
         "list_by_status_s",
+        "list_by_status_page_100_s",
+        "rss_serving_mib",
+        "peak_rss_serving_mib",
+        "list_open_suspensions_s",
         "rss_after_inspect_mib",
+        "peak_rss_mib",
         "audit_s",
         "audit_peak_rss_mib",
     )
     figures = ", ".join(f"{k} {record[k]}" for k in keys if k in record)
     print(
-        f"embedded, {record['runs']:,} suspended runs: {figures}; load "
+        f"embedded ({record.get('fill')}), {record['runs']:,} suspended runs: {figures}; load "
         f"{record.get('loadavg_1m')} before, {record.get('loadavg_1m_after')} after"
     )
 
 
 if __name__ == "__main__":
-    runs, concurrency, data_dir, inspect, audit = sys.argv[1:6]
-    found = embedded(int(runs), int(concurrency), data_dir or None, inspect == "1", audit == "1")
-    import shutil
-
-    shutil.rmtree(found.pop("directory"), ignore_errors=True)
+    if sys.argv[1] == "create":
+        directory, runs, concurrency, fill = sys.argv[2:6]
+        found = create(Path(directory), int(runs), int(concurrency), fill)
+    else:
+        directory, inspect = sys.argv[2:4]
+        found = reopen(Path(directory), inspect == "1")
     print(json.dumps(found))
