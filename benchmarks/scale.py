@@ -31,10 +31,11 @@ its state directory's size per run, and the seconds until the first signalled ru
 (first-decision latency after the restart). After them, ``flowstream audit`` reads the topic in
 a child process: its wall time and peak RSS (``--no-audit`` skips it).
 
-* ``embedded``: ``benchmarks/scale_embedded.py`` in a child process: ``--runs`` suspended runs
-  created by ``FlowEngine`` on a ``RocksDBEventStore``, ``--concurrency`` at a time; create rate,
-  RSS, disk per run, reopen and first-decision latency, ``summary()`` and listings, and the
-  audit of the store.
+* ``embedded``: ``benchmarks/scale_embedded.py`` in child processes: ``--runs`` suspended runs
+  created by ``FlowEngine`` on a ``RocksDBEventStore``, ``--concurrency`` at a time (or with
+  ``--fill synthetic`` written straight into the store), then a fresh process opens the store:
+  create rate, RSS while it serves the runs, disk per run, reopen and first-decision latency,
+  ``summary()`` and listings, and the audit of the store.
 
 Every measurement also gives the worker's producer resets (``flowstream_producer_resets``: a
 fence, e.g. the coordinator aborted a transaction older than the 2 s transaction timeout),

@@ -1,17 +1,22 @@
 """Scale, embedded, and what both halves of ``benchmarks/scale.py`` share: N suspended
 ``scale-park`` runs in one process, and the audit's peak RSS.
 
-``embedded`` (run in a child process, so its RSS is the engine's alone): ``FlowEngine`` over a
-``RocksDBEventStore`` creates ``--runs`` runs, ``--concurrency`` at a time, each suspended after
-its step on the signal ``go``. Measured: create rate; RSS after creating (VmRSS) and its peak
-(VmHWM); the projections cached and RocksDB's shared memory (cache and memtables); disk per run;
-the open of the store again (the restore, with its state); first-decision latency (a signal to the
-first run, long evicted, until it completed); ``summary()``, ``list_open_suspensions()`` and a
-listing by status where the engine has one; RSS after them; and ``flowstream audit --data`` over
-the store (wall time, peak RSS).
+``embedded``: one child process creates ``--runs`` runs in a new ``RocksDBEventStore``, each
+suspended after its step on the signal ``go``: through ``FlowEngine``, ``--concurrency`` at a
+time, or with ``--fill synthetic`` written straight into the store (``bulk_fill``). Measured
+there: create rate, RSS after creating (VmRSS) and its peak (VmHWM), the projections cached and
+RocksDB's shared memory (cache and memtables), disk per run. A second, fresh child process then
+opens the store and serves it (``reopen``): the open, first-decision latency (a signal to a run
+never read since it was written, until it completed), ``summary()``, counts, listings by status
+(the first page and the 100th), ``next_wakeup()``, one pass of the stalled-run scan, and its RSS
+then (the figure of issue 19: a process holding every run); last ``list_open_suspensions()``,
+whose answer is as long as the runs, and the RSS after it. Then ``flowstream audit --data`` over
+the store (wall time, peak RSS). ``--keep-state`` keeps the store; ``python -m
+benchmarks.scale_embedded reopen DIR 1 [RUN]`` measures a kept store again.
 
-``synthetic_histories`` clones one real ``scale-park`` history for many run ids (new event ids),
-for filling an events topic straight from a producer (``scale.py --fill synthetic``).
+``synthetic_runs`` gives real histories under many run ids fast (a template's encoded events
+with its ids replaced), for ``bulk_fill`` and for filling an events topic straight from a
+producer (``scale.py --fill synthetic``).
 """
 
 from __future__ import annotations
@@ -223,9 +228,9 @@ def create(directory: Path, runs: int, concurrency: int, fill: str) -> dict[str,
     return {**record, "disk_bytes_per_run": round(disk_bytes(directory) / runs)}
 
 
-def reopen(directory: Path, inspect: bool) -> dict[str, Any]:
+def reopen(directory: Path, inspect: bool, probe: str = "park-0") -> dict[str, Any]:
     """What a fresh process that opens the store and serves its runs measures: the open, the
-    first decision (a signal to ``park-0``, never read since the store was written), the fleet
+    first decision (a signal to ``probe``, never read since the store was written), the fleet
     views (``summary()``, counts, listings by status through the run index, ``next_wakeup()``,
     one pass of the stalled-run scan), the RSS then (the process holds every run: the figure of
     issue 19), and last ``list_open_suspensions()``, which returns every open suspension (its
@@ -239,7 +244,7 @@ def reopen(directory: Path, inspect: bool) -> dict[str, Any]:
     engine = FlowEngine(store, runtime)
     record.update(reopen_s=open_s, rss_after_open_mib=_rss()["rss_mib"])
     first_s, snapshot = _timed(
-        lambda: asyncio.run(engine.signal("park-0", SIGNAL, "now", id="probe-0"))
+        lambda: asyncio.run(engine.signal(probe, SIGNAL, "now", id=f"probe-{probe}"))
     )
     assert snapshot.status.value == "completed", snapshot.status
     record["first_decision_after_reopen_s"] = first_s
@@ -334,7 +339,6 @@ if __name__ == "__main__":
     if sys.argv[1] == "create":
         directory, runs, concurrency, fill = sys.argv[2:6]
         found = create(Path(directory), int(runs), int(concurrency), fill)
-    else:
-        directory, inspect = sys.argv[2:4]
-        found = reopen(Path(directory), inspect == "1")
+    else:  # reopen DIRECTORY INSPECT [PROBE]
+        found = reopen(Path(sys.argv[2]), sys.argv[3] == "1", *sys.argv[4:5])
     print(json.dumps(found))
