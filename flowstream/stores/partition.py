@@ -526,7 +526,7 @@ class PartitionStore(_Transactions, Quarantine, StatusIndex, TokenIndex, RocksDB
         """Up to ``_FINISH_CHUNK`` u-marked runs, by run id, from the key ``start``."""
         found: list[str] = []
         for raw_key in self._db.keys(from_key=start):
-            key = bytes(raw_key)  # type: ignore[arg-type]  # raw mode yields bytes
+            key = bytes(raw_key)
             if not key.startswith(b"u") or len(found) >= _FINISH_CHUNK:
                 break
             found.append(key[1:].decode())
