@@ -29,7 +29,6 @@ The indexes that need a projection are built once per unfinished run at the end
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -40,16 +39,15 @@ from rocksdict import WriteBatch
 from flowstream import codec
 from flowstream.errors import FlowError, InvalidTransitionError, PayloadTooLargeError
 from flowstream.model.events import EventEnvelope, HookCreated
-from flowstream.model.snapshot import StepStatus
 from flowstream.replay.decide import is_suspended
 from flowstream.replay.state import RunState
 from flowstream.stores.base import MAX_EVENT_BYTES, Clock, IndexChanges, utc_now
 from flowstream.stores.quarantine import Quarantine
+from flowstream.stores.restoring import Restored, Restoring, has_running_step
 from flowstream.stores.rocksdb import (
     TERMINAL_EVENTS,
     RocksDBEventStore,
     put_append,
-    wakeup_key,
 )
 from flowstream.stores.statuses import PROVISIONAL, TERMINAL_STATUS, StatusIndex
 from flowstream.stores.tokens import Owner, TokenIndex
@@ -92,31 +90,9 @@ _RUNNING_EVENTS = TERMINAL_EVENTS | {
 #: u-mark and last sequence of an unfinished one are in RocksDB, read back when it next has a
 #: record), so a restore's memory does not grow with the runs it restores.
 _RESTORED_KEPT = 10_000
-#: Runs ``finish_restore`` builds per write (their u-marks, wakeups and status moves together).
-_FINISH_CHUNK = 5_000
 #: Projections one partition keeps in memory: the runs being driven (``_forget_idle`` lets the
 #: others go at their commit; they are read from disk when an input or a deadline arrives).
 PARTITION_CACHE_RUNS = 1_000
-
-
-class _Restored:
-    """A run restored without a projection: its last sequence and event type (``None`` when
-    only known to be unfinished), whether RocksDB holds its u-mark, and the status it counts
-    under in the committed counts (``None``: not counted yet)."""
-
-    __slots__ = ("counted", "kind", "last", "marked")
-
-    def __init__(self, last: int, kind: str | None, marked: bool) -> None:
-        self.last = last
-        self.kind = kind
-        self.marked = marked
-        self.counted: str | None = PROVISIONAL if marked else None
-
-
-def _has_running_step(state: RunState) -> bool:
-    return not state.is_terminal and any(
-        state.steps[s].status is StepStatus.RUNNING for s in state.active_steps
-    )
 
 
 class _Transactions:
@@ -141,7 +117,9 @@ class _Transactions:
         return self._open_since.get(run_id)
 
 
-class PartitionStore(_Transactions, Quarantine, StatusIndex, TokenIndex, RocksDBEventStore):
+class PartitionStore(
+    _Transactions, Quarantine, StatusIndex, TokenIndex, Restoring, RocksDBEventStore
+):
     """State of partition ``partition``; appends are staged for the open transaction
     (``local_token_claims``: see ``TokenIndex``)."""
 
@@ -177,7 +155,7 @@ class PartitionStore(_Transactions, Quarantine, StatusIndex, TokenIndex, RocksDB
         self._parked_count = sum(1 for _ in self._scan(b"i"))
         # Runs restored without a projection (the recent ones: the others are read back from
         # their u-marks), and those of them in the staged batch.
-        self._restored: dict[str, _Restored] = {}
+        self._restored: dict[str, Restored] = {}
         self._event_head = codec.default_codec().event_head
         self._restaged: set[str] = set()
         #: Runs the last ``finish_restore`` found waiting on nothing: only a decision moves them
@@ -249,7 +227,7 @@ class PartitionStore(_Transactions, Quarantine, StatusIndex, TokenIndex, RocksDB
         if not running:
             return
         state = self._states.get(run_id)
-        if state is not None and _has_running_step(state):
+        if state is not None and has_running_step(state):
             batch.put(b"x" + run_key, b"")
         else:
             batch.delete(b"x" + run_key)
@@ -387,7 +365,7 @@ class PartitionStore(_Transactions, Quarantine, StatusIndex, TokenIndex, RocksDB
                 raise InvalidTransitionError(
                     "a history must start with run_created at sequence 1", run_id=run_id
                 )
-            held = self._restored[run_id] = _Restored(0, kind, False)
+            held = self._restored[run_id] = Restored(0, kind, False)
         elif sequence <= held.last:
             return False
         elif sequence != held.last + 1:
@@ -411,17 +389,6 @@ class PartitionStore(_Transactions, Quarantine, StatusIndex, TokenIndex, RocksDB
         held.kind = kind
         self._restaged.add(run_id)
         return True
-
-    def _unindexed(self, run_id: str) -> _Restored | None:
-        """A run restored earlier without a projection (its u-mark is in RocksDB), read back
-        and remembered again; ``None`` for any other run."""
-        key = run_id.encode()
-        if self._db.get(b"u" + key) is None:
-            return None
-        raw = self._db.get(b"r" + key)
-        last = 0 if raw is None else int.from_bytes(bytes(raw), "big")
-        held = self._restored[run_id] = _Restored(last, None, True)
-        return held
 
     def _restore_applied(self, envelope: EventEnvelope, raw: bytes) -> bool:
         """Restore one event of a run that has a projection: apply it and diff its indexes."""
@@ -483,55 +450,6 @@ class PartitionStore(_Transactions, Quarantine, StatusIndex, TokenIndex, RocksDB
             # a finished one takes the slow path.
             self._restored = {}
 
-    def finish_restore(self) -> list[tuple[str, FlowError]]:
-        """Build the wakeup and running-step entries of every restored run that is not finished
-        (call after the last ``commit_local`` of a restore): the u-marked runs, read from
-        RocksDB ``_FINISH_CHUNK`` at a time, each chunk written with its status moves. Returns
-        the runs whose history does not validate, with the error; they stay readable and
-        report it."""
-        assert not self._restaged, "commit_local the restored records first"
-        failures: list[tuple[str, FlowError]] = []
-        self.to_drive = []
-        self._restored.clear()
-        start = b"u"
-        while chunk := self._marked_runs(start):
-            batch = WriteBatch(raw_mode=True)
-            moves: Counter[str] = Counter()
-            for run_id in chunk:
-                key = run_id.encode()
-                batch.delete(b"u" + key)
-                self._states.pop(run_id, None)
-                try:
-                    state = self._state_or_none(run_id)
-                except FlowError as exc:
-                    failures.append((run_id, exc))
-                    continue
-                if state is None:
-                    continue
-                self._statuses.move(PROVISIONAL, state.public_status().value, moves)
-                for wakeup in state.wakeups():
-                    batch.put(wakeup_key(wakeup), b"")
-                if _has_running_step(state):
-                    batch.put(b"x" + key, b"")
-                elif _needs_driving(state, self._clock()):
-                    self.to_drive.append(run_id)
-                if run_id not in self._staged_runs and run_id not in self._sealed_runs:
-                    self._states.pop(run_id, None)  # a run waiting costs disk, not memory
-            self._statuses.write(moves, batch)
-            self._db.write(batch, self._write_options)
-            start = b"u" + chunk[-1].encode() + b"\0"
-        return failures
-
-    def _marked_runs(self, start: bytes) -> list[str]:
-        """Up to ``_FINISH_CHUNK`` u-marked runs, by run id, from the key ``start``."""
-        found: list[str] = []
-        for raw_key in self._db.keys(from_key=start):
-            key = bytes(raw_key)
-            if not key.startswith(b"u") or len(found) >= _FINISH_CHUNK:
-                break
-            found.append(key[1:].decode())
-        return found
-
     # -- inbox: commands parked until their run exists or their build is served ---------------
 
     def has_parked(self) -> bool:
@@ -573,20 +491,13 @@ class PartitionStore(_Transactions, Quarantine, StatusIndex, TokenIndex, RocksDB
         self._stage().put(b"x" + run_id.encode(), b"")
 
 
-def _needs_driving(state: RunState, now: datetime) -> bool:
-    """A live run that waits on nothing durable: only a decision moves it on. A failed workflow
-    task with no automatic retry left counts: the new owner retries it once."""
-    exhausted = state.task_failure is not None and state.task_failure.retry_at is None
-    return not state.is_terminal and (exhausted or not is_suspended(state, now))
-
-
 def _forget_idle(states: dict[str, RunState], runs: set[str], now: datetime) -> None:
     """Committed runs that ended, or wait on an input or a deadline with no step running, leave
     the cache (a later read loads them): the runs held in memory are the ones being driven."""
     for run_id in runs:
         state = states.get(run_id)
         if state is not None and (
-            state.is_terminal or (is_suspended(state, now) and not _has_running_step(state))
+            state.is_terminal or (is_suspended(state, now) and not has_running_step(state))
         ):
             del states[run_id]
 

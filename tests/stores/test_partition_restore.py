@@ -31,7 +31,7 @@ from flowstream.model.events import (
 )
 from flowstream.model.spec import RetryPolicy
 from flowstream.replay.decide import token_digest
-from flowstream.stores import partition
+from flowstream.stores import partition, restoring
 from flowstream.stores.partition import PartitionStore
 from tests.support import EPOCH, FakeClock, envelope, spec
 
@@ -154,7 +154,7 @@ def test_a_restore_lets_its_runs_go_and_reads_them_back_from_the_store(
     """With room for one run between slices and two per write of ``finish_restore``, a restore
     (interrupted, a slice discarded) keeps no more in memory and builds the same store."""
     monkeypatch.setattr(partition, "_RESTORED_KEPT", 1)
-    monkeypatch.setattr(partition, "_FINISH_CHUNK", 2)
+    monkeypatch.setattr(restoring, "_FINISH_CHUNK", 2)
     records, content = live
     first = new_store(tmp_path / "kept")
     restore(first, records[:13], slice_size)
