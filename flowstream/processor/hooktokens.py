@@ -84,6 +84,11 @@ RECORD_KINDS = frozenset(
 )
 #: Hook states whose token the run still holds when it ends or asks for cancellation.
 _HELD = (HookStatus.ACTIVE, HookStatus.CANCELLED)
+#: The event types an append claims or releases a token for (any other is passed over).
+_TOKEN_EVENTS = frozenset(
+    {"hook_created", "hook_received", "hook_disposed", "run_cancellation_requested"}
+    | TERMINAL_EVENTS
+)
 
 
 def restore_record(store: PartitionStore, kind: wire.RecordKind, value: bytes) -> None:
@@ -114,6 +119,8 @@ class HookTokens:
         state = store.cached_state(run_id)
         for envelope in envelopes:
             event = envelope.event
+            if event.type not in _TOKEN_EVENTS:
+                continue
             if isinstance(event, HookCreated):
                 self.ctx.emit(
                     RegisterHookToken(

@@ -14,7 +14,7 @@ from flowstream.processor.connect import debug_config
 from flowstream.processor.engine import PartitionEngine
 from flowstream.processor.tasks import PartitionTask
 from flowstream.processor.txn.errors import retrying
-from flowstream.processor.txn.slot import ProducerSlot, transactional_ids
+from flowstream.processor.txn.slot import ProducerSlot, Record, transactional_ids
 from flowstream.replay.task_failures import TaskRetryPolicy
 from flowstream.stores.partition import PartitionStore
 from flowstream.topology import EVENTS
@@ -42,8 +42,10 @@ class PartitionHost:
         holder: dict[str, PartitionTask] = {}
 
         def sink(run_id: str, envelopes: list[EventEnvelope], encoded: list[bytes]) -> None:
-            for data in encoded:
-                ctx.produce(events, partition, run_id, data, headers)
+            key = run_id.encode()
+            ctx.pipeline.produce_all(
+                [Record(events, partition, key, data, headers) for data in encoded]
+            )
             p.commands.hook_tokens.appended(store, run_id, envelopes)  # claims, releases
             ctx.metrics.events_appended.inc(len(envelopes))
 

@@ -130,6 +130,7 @@ class Processor:
     async def run(self, stop: asyncio.Event) -> None:
         """Process until ``stop`` is set; commits what is open and leaves the group cleanly."""
         self._loop = asyncio.get_running_loop()
+        self.pipeline.on_done = self._wake_loop
         connect_clients(self)
         try:
             while not stop.is_set():
@@ -203,13 +204,29 @@ class Processor:
             # on the loop for an outcome or the commit (a short while at most).
             messages = self.consumer.consume(num_messages=500, timeout=0)
             if not messages:
-                steps.wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(steps.wake.wait(), _STEP_WAIT_S)
+                await self._nap(steps.wake, _STEP_WAIT_S)
             return list(messages)
         # Nothing runs here: block in a thread until a command arrives.
         assert self._loop is not None
         return await self._loop.run_in_executor(None, self._wait_for_messages, 0.05)
+
+    async def _nap(self, wake: asyncio.Event, timeout: float) -> None:
+        """Wait until ``wake`` is set or ``timeout`` passed (a timer, not ``wait_for``'s task
+        and cancellation: this runs once an iteration)."""
+        assert self._loop is not None
+        wake.clear()
+        timer = self._loop.call_later(timeout, wake.set)
+        try:
+            await wake.wait()
+        finally:
+            timer.cancel()
+
+    def _wake_loop(self, _: Any) -> None:
+        """A fence or a commit finished (in its lane): the loop waiting for it goes on."""
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # closed meanwhile: nothing waits
+                loop.call_soon_threadsafe(self.steps.wake.set)
 
     def _should_commit(self) -> bool:
         """Commit when nothing more is about to join the open transaction: no outcome queued

@@ -257,6 +257,8 @@ class PartitionStore(
 
     def commit_sealed(self, events_offset: int | None) -> None:
         """After the sealed transaction committed: write its batch with the events offset."""
+        if self._sealed is None and events_offset is None and not self._sealed_runs:
+            return  # the transaction wrote nothing of this partition: nothing to write
         batch = self._sealed if self._sealed is not None else WriteBatch(raw_mode=True)
         self._sealed = None
         self._statuses.commit_sealed(batch)

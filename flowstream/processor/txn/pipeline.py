@@ -103,6 +103,9 @@ class TransactionPipeline(PipelineRecovery):
         self._resets: list[float] = []
         self._began_commit = 0.0
         self.aborts = 0
+        #: Called (in a lane's thread) as each fence and commit finishes, so a loop that waits
+        #: for either goes on at once instead of at its next poll.
+        self.on_done: Callable[[Future[Any]], None] | None = None
 
     def start(self) -> None:
         for slot in self.slots:
@@ -167,6 +170,16 @@ class TransactionPipeline(PipelineRecovery):
         else:
             txn.deferred.append(record)
 
+    def produce_all(self, records: list[Record]) -> None:
+        """``produce`` each of ``records``, in order (one append's events)."""
+        txn = self.begin()
+        if txn.state is TxnState.OPEN:
+            send = txn.slot.send
+            for record in records:
+                send(record)
+        else:
+            txn.deferred.extend(records)
+
     def _begin_on_kafka(self, anchors: list[int] | None = None) -> Txn:
         """Begin a transaction on the open slot and send its positions (the fence) from its
         lane, after the sealed one's records; ``anchors``: events partitions to register with
@@ -224,6 +237,8 @@ class TransactionPipeline(PipelineRecovery):
             after=after,
             patience=self.stuck_s,
         )
+        if self.on_done is not None:
+            txn.fence.add_done_callback(self.on_done)
 
     def _send_fence(
         self,
@@ -352,6 +367,8 @@ class TransactionPipeline(PipelineRecovery):
             offsets if moved else None,
             metadata,
         )
+        if self.on_done is not None:
+            txn.commit.add_done_callback(self.on_done)
         self.sealed = txn
         self.open = None
         self._slot = self._other(txn.slot)
