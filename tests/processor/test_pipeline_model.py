@@ -320,6 +320,15 @@ class PipelineMachine(RuleBasedStateMachine):
         value = str(next(self.records)).encode()
         self.pipeline.produce(Record(EVENTS, partition, b"run", value))
 
+    @rule(partition=st.sampled_from(PARTITIONS), count=st.integers(1, 3))
+    def append(self, partition: int, count: int) -> None:
+        """One append's events, produced together."""
+        if partition not in self.host.owned:
+            return
+        self.host.positions_of[partition] += 1
+        values = [str(next(self.records)).encode() for _ in range(count)]
+        self.pipeline.produce_all([Record(EVENTS, partition, b"run", v) for v in values])
+
     @rule(partition=st.sampled_from(PARTITIONS))
     def dead_letter(self, partition: int) -> None:
         if partition not in self.host.owned:
@@ -458,3 +467,22 @@ def test_the_promoted_spare_waits_for_the_sealed_transactions_records(moved: boo
     assert spare.state is TxnState.FENCING, "the spare opened before the sealed one wrote"
     machine.command(2)
     assert spare.deferred, "a record went out before the sealed transaction's were written"
+
+
+def test_the_loop_is_told_as_each_fence_and_commit_finishes() -> None:
+    """A loop that waits for a fence (to produce) or a commit (to settle) goes on as it ends,
+    not at its next poll: the pipeline calls ``on_done`` with each of them."""
+    machine = PipelineMachine()
+    done: list[Any] = []
+    machine.pipeline.on_done = done.append
+    machine.command(0)
+    txn = machine.pipeline.open
+    assert txn is not None and txn.fence is not None
+    fence = txn.fence
+    assert not done
+    machine.scheduler.run_until(fence)
+    assert done == [fence]
+    machine.seal()
+    assert txn.commit is not None
+    machine.scheduler.run_until(txn.commit)
+    assert txn.commit in done
