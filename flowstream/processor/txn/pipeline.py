@@ -52,6 +52,7 @@ from flowstream.processor.txn.errors import Abort, InDoubt, is_fatal, retrying
 from flowstream.processor.txn.recovery import PipelineRecovery
 from flowstream.processor.txn.slot import ProducerSlot, Record
 from flowstream.processor.txn.state import PipelineHost, Txn, TxnState, offsets_key
+from flowstream.processor.txn.view import PipelineView
 
 __all__ = ["TransactionPipeline"]
 
@@ -65,7 +66,7 @@ def named(offsets: list[Any], writer: str) -> list[Any]:
     ]
 
 
-class TransactionPipeline(PipelineRecovery):
+class TransactionPipeline(PipelineRecovery, PipelineView):
     """The open, spare and sealed transactions over two producer slots."""
 
     def __init__(
@@ -111,44 +112,9 @@ class TransactionPipeline(PipelineRecovery):
         for slot in self.slots:
             slot.producer = self._new_producer(slot)
 
-    # -- what the loop asks ------------------------------------------------------------------
-
-    @property
-    def decided(self) -> bool:
-        """Decisions were taken in the open transaction."""
-        return self.open is not None and self.open.decided
-
-    @property
-    def busy(self) -> bool:
-        """A commit is in flight, or records wait for a fence."""
-        return self.sealed is not None or (self.open is not None and bool(self.open.deferred))
-
-    def active(self) -> bool:
-        return self.open is not None or self.sealed is not None or self.spare is not None
-
     def forget_metadata(self) -> None:
         """A rebalance changes the group metadata."""
         self._metadata = None
-
-    def stuck(self) -> bool:
-        return max(float(slot.lane.busy_for()) for slot in self.slots) > self.stuck_s
-
-    def decisions_until(self, budget_s: float, max_open_s: float) -> float:
-        """Until when decisions may join the open transaction: ``budget_s`` from now, and never
-        once it has been open on Kafka for ``max_open_s`` (it waits for the sealed one to
-        commit meanwhile, and the coordinator's clock runs)."""
-        now = self._clock()
-        txn = self.open
-        until = now + budget_s
-        if txn is not None and txn.opened:
-            until = min(until, txn.opened + max_open_s)
-        return until
-
-    def idle_eager(self, idle_s: float) -> bool:
-        """The open transaction was begun eagerly and nothing joined it for ``idle_s``."""
-        txn = self.open
-        since = None if txn is None or txn.decided else txn.idle_since
-        return since is not None and self._clock() - since >= idle_s
 
     # -- opening -------------------------------------------------------------------------------
 

@@ -1,0 +1,55 @@
+"""``PipelineView``: what the processor's loop asks the transaction pipeline (whether it
+decided, is busy or stuck, until when decisions may join the open transaction)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from flowstream.processor.txn.slot import ProducerSlot
+from flowstream.processor.txn.state import Txn
+
+__all__ = ["PipelineView"]
+
+
+class PipelineView:
+    """The read-only half of ``TransactionPipeline``: the loop's questions."""
+
+    open: Txn | None
+    spare: Txn | None
+    sealed: Txn | None
+    slots: tuple[ProducerSlot, ProducerSlot]
+    stuck_s: float
+    _clock: Callable[[], float]
+
+    @property
+    def decided(self) -> bool:
+        """Decisions were taken in the open transaction."""
+        return self.open is not None and self.open.decided
+
+    @property
+    def busy(self) -> bool:
+        """A commit is in flight, or records wait for a fence."""
+        return self.sealed is not None or (self.open is not None and bool(self.open.deferred))
+
+    def active(self) -> bool:
+        return self.open is not None or self.sealed is not None or self.spare is not None
+
+    def stuck(self) -> bool:
+        return max(float(slot.lane.busy_for()) for slot in self.slots) > self.stuck_s
+
+    def decisions_until(self, budget_s: float, max_open_s: float) -> float:
+        """Until when decisions may join the open transaction: ``budget_s`` from now, and never
+        once it has been open on Kafka for ``max_open_s`` (it waits for the sealed one to
+        commit meanwhile, and the coordinator's clock runs)."""
+        now = self._clock()
+        txn = self.open
+        until = now + budget_s
+        if txn is not None and txn.opened:
+            until = min(until, txn.opened + max_open_s)
+        return until
+
+    def idle_eager(self, idle_s: float) -> bool:
+        """The open transaction was begun eagerly and nothing joined it for ``idle_s``."""
+        txn = self.open
+        since = None if txn is None or txn.decided else txn.idle_since
+        return since is not None and self._clock() - since >= idle_s
