@@ -18,6 +18,7 @@ other tests of this package.
 from __future__ import annotations
 
 import itertools
+import os
 from collections import deque
 from concurrent.futures import Future
 from typing import Any
@@ -25,13 +26,15 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from flowstream.kafka import clients
 from flowstream.processor.txn.pipeline import TransactionPipeline
 from flowstream.processor.txn.slot import ProducerSlot, Record
 from flowstream.processor.txn.state import TxnState
 
+#: Other interleavings than the fixed ones each run (``--hypothesis-seed=N`` picks them).
+EXPLORE = os.environ.get("FLOWSTREAM_MODEL_EXPLORE") == "1"
 EVENTS = "events"
 DEADLETTER = "deadletter"
 PARTITIONS = (0, 1, 2)
@@ -354,10 +357,12 @@ class PipelineMachine(RuleBasedStateMachine):
         self.pipeline.refence()
         self.pipeline.begin_spare()
 
-    @precondition(lambda self: self.pipeline.decided and self.pipeline.sealed is None)
     @rule()
     def seal(self) -> None:
-        self.pipeline.seal()
+        # Checked here, not as a precondition: which rules hypothesis may choose then never
+        # depends on the pipeline's state.
+        if self.pipeline.decided and self.pipeline.sealed is None:
+            self.pipeline.seal()
 
     @rule()
     def settle_if_done(self) -> None:
@@ -426,6 +431,10 @@ def test_the_pipeline_keeps_its_ordering_and_fencing_rules() -> None:
         stateful_step_count=60,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow],
+        # The same 300 interleavings on every run, CI's included (FLOWSTREAM_MODEL_EXPLORE=1
+        # for others): CI once failed on hypothesis finding its rule choices inconsistent.
+        derandomize=not EXPLORE,
+        database=None,
     )(PipelineMachine)
     run.TestCase().runTest()
 
