@@ -48,6 +48,8 @@ _NEAR_RESTORED = 100
 #: One slice applies at most this many records of what is already fetched, in about this long.
 _SLICE_RECORDS = 5000
 _SLICE_S = 0.05
+#: How long one iteration builds the indexes of restored runs (``finish_restore_slice``).
+_FINISH_SLICE_S = 0.1
 #: A restore that makes no progress for this long is reported (a hanging transaction, a log
 #: truncated below the target), again every such period.
 _STALL_S = 60.0
@@ -73,10 +75,12 @@ class StateRestorer:
             if task.restore_target is None:
                 self._target(task)
         ready = [t for t in self.tasks.restoring() if t.restore_target is not None]
+        finish_until = time.monotonic() + _FINISH_SLICE_S
         for task in ready:
             if (task.events_end or 0) >= (task.restore_target or 0):
-                self.activate(task)
-        fetching = {t.partition: t for t in ready if t.restoring}
+                self.activate(task, finish_until)
+        # A partition building its indexes has every record: it is not fetched again.
+        fetching = {t.partition: t for t in ready if t.restoring and not t.store.finishing}
         # Partitions nearly caught up (typically this member's own, a transaction marker behind)
         # first: in one fetch with long restores they would wait behind those records.
         near = {
@@ -126,7 +130,7 @@ class StateRestorer:
                 task.last_progress = time.monotonic()
             self._check_stall(task)
             if task.events_end >= (task.restore_target or 0):
-                self.activate(task)
+                self.activate(task, finish_until)
 
     def _target(self, task: PartitionTask) -> None:
         """Set ``task``'s restore target once the broker has said it (asked again if not)."""
@@ -213,18 +217,23 @@ class StateRestorer:
         LOG.error("run %s is quarantined: %s", run_id, reason)
         task.store.quarantine(run_id, reason)
 
-    def activate(self, task: PartitionTask) -> None:
-        """Restored: resume the command partitions; what is to be driven goes to the sweeper."""
+    def activate(self, task: PartitionTask, finish_until: float) -> None:
+        """Restored: build the restored runs' indexes, a slice per iteration until
+        ``finish_until``; then resume the command partitions, and what is to be driven goes to
+        the sweeper."""
         pipeline = self.ctx.pipeline
-        if pipeline.active():
-            pipeline.commit_all()  # finish_restore is long for many live runs: no txn waits
+        if pipeline.active() and not task.store.finishing:
+            pipeline.commit_all()  # no transaction waits on the first slice
             if self.tasks.get(task.partition) is not task:
                 return
-        for run_id, exc in task.store.finish_restore():
+        failures, done = task.store.finish_restore_slice(finish_until)
+        for run_id, exc in failures:
             self.ctx.metrics.corrupt_records.inc()
             reason = f"its history does not validate: {exc}"
             LOG.error("partition %d: run %s is quarantined: %s", task.partition, run_id, reason)
             task.store.quarantine(run_id, reason)
+        if not done:
+            return
         if task.store.has_staged:
             task.store.commit_local(task.store.events_offset)
         task.restoring = False

@@ -14,6 +14,8 @@ Extra keys beside the ``RocksDBEventStore`` layout:
 ``c``, ``n``, ``t<token digest>…``   hook-token claims of this partition's keyspace (``tokens``)
 ``u<run_id>``                      restored events of a live run whose wakeups and running-step
                                    entries are not built yet (``finish_restore`` builds them)
+``d<run_id>``                      a restored run found waiting on nothing (only a decision moves
+                                   it): ``finish_restore`` gathers them in ``to_drive`` at its end
 ``o<run_id>``                      the run is not terminal (the open-runs index, as embedded)
 ``q<run_id>``                      the run is quarantined: its history cannot be read completely
                                    (the value says why); it is never advanced
@@ -158,6 +160,7 @@ class PartitionStore(
         self._restored: dict[str, Restored] = {}
         self._event_head = codec.default_codec().event_head
         self._restaged: set[str] = set()
+        self._finish_from: bytes | None = None
         #: Runs the last ``finish_restore`` found waiting on nothing: only a decision moves them
         #: on, and their last owner may have stopped right before it (its code raised, say).
         self.to_drive: list[str] = []

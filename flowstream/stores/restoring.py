@@ -4,11 +4,14 @@ RocksDB, and ``finish_restore``, which builds their indexes (a mixin: the store 
 A run restored from the events topic is marked unfinished (``u<run>``, beside its last sequence
 ``r<run>``) until ``finish_restore`` reads its history once. Memory does not grow with the runs
 restored: the store remembers the recent ones (``Restored``) and reads the others back from their
-marks; ``finish_restore`` walks the marks a chunk at a time and keeps no projection.
+marks; ``finish_restore`` walks the marks a chunk at a time and keeps no projection. A processor
+calls it a slice at a time (``finish_restore_slice``), so a partition of a million runs does not
+hold its loop for minutes.
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -69,6 +72,8 @@ class Restoring:
     _statuses: StatusCounts
     to_drive: list[str]
     _clock: Clock
+    #: Where a sliced ``finish_restore`` goes on (``None``: none under way).
+    _finish_from: bytes | None
     if TYPE_CHECKING:  # the store's own, which must not be shadowed at run time
 
         def _state_or_none(self, run_id: str) -> RunState | None: ...
@@ -86,42 +91,84 @@ class Restoring:
 
     def finish_restore(self) -> list[tuple[str, FlowError]]:
         """Build the wakeup and running-step entries of every restored run that is not finished
-        (call after the last ``commit_local`` of a restore): the u-marked runs, read from
-        RocksDB ``_FINISH_CHUNK`` at a time, each chunk written with its status moves. Returns
-        the runs whose history does not validate, with the error; they stay readable and
-        report it."""
-        assert not self._restaged, "commit_local the restored records first"
+        (call after the last ``commit_local`` of a restore), in one call: the slices of
+        ``finish_restore_slice`` until it is done. Returns the runs whose history does not
+        validate, with the error; they stay readable and report it."""
         failures: list[tuple[str, FlowError]] = []
+        while True:
+            found, done = self.finish_restore_slice(None)
+            failures.extend(found)
+            if done:
+                return failures
+
+    @property
+    def finishing(self) -> bool:
+        """A sliced ``finish_restore`` has begun and not ended."""
+        return self._finish_from is not None
+
+    def finish_restore_slice(
+        self, deadline: float | None
+    ) -> tuple[list[tuple[str, FlowError]], bool]:
+        """One slice of ``finish_restore``, until ``deadline`` (``time.monotonic``; at least
+        one run) or ``_FINISH_CHUNK`` runs: the u-marked runs from where the last slice stopped,
+        read from RocksDB and written with their status moves. Returns the runs whose history
+        does not validate, and whether every run is built (``to_drive`` is then complete)."""
+        if self._finish_from is None:
+            assert not self._restaged, "commit_local the restored records first"
+            self._restored.clear()
+            self._finish_from = b"u"
+        failures: list[tuple[str, FlowError]] = []
+        chunk = self._marked_runs(self._finish_from)
+        if not chunk:
+            return failures, self._finished()
+        whole = len(chunk) < _FINISH_CHUNK
+        batch = WriteBatch(raw_mode=True)
+        moves: Counter[str] = Counter()
+        for at, run_id in enumerate(chunk):
+            if at and deadline is not None and time.monotonic() >= deadline:
+                chunk, whole = chunk[:at], False
+                break
+            key = run_id.encode()
+            batch.delete(b"u" + key)
+            self._states.pop(run_id, None)
+            try:
+                state = self._state_or_none(run_id)
+            except FlowError as exc:
+                failures.append((run_id, exc))
+                continue
+            if state is None:
+                continue
+            self._statuses.move(PROVISIONAL, state.public_status().value, moves)
+            for wakeup in state.wakeups():
+                batch.put(wakeup_key(wakeup), b"")
+            if has_running_step(state):
+                batch.put(b"x" + key, b"")
+            elif needs_driving(state, self._clock()):
+                # Marked, not only remembered: if the partition goes before the last slice,
+                # its next owner's restore still finds the run to drive (its u-mark is gone).
+                batch.put(b"d" + key, b"")
+            if run_id not in self._staged_runs and run_id not in self._sealed_runs:
+                self._states.pop(run_id, None)  # a run waiting costs disk, not memory
+        self._statuses.write(moves, batch)
+        self._db.write(batch, self._write_options)
+        # On from the next key: the u-marks just deleted are not walked again.
+        self._finish_from = b"u" + chunk[-1].encode() + b"\0"
+        return failures, whole and self._finished()
+
+    def _finished(self) -> bool:
+        """Every u-mark is built: the runs to drive are those marked so (the marks go)."""
+        batch = WriteBatch(raw_mode=True)
         self.to_drive = []
-        self._restored.clear()
-        start = b"u"
-        while chunk := self._marked_runs(start):
-            batch = WriteBatch(raw_mode=True)
-            moves: Counter[str] = Counter()
-            for run_id in chunk:
-                key = run_id.encode()
-                batch.delete(b"u" + key)
-                self._states.pop(run_id, None)
-                try:
-                    state = self._state_or_none(run_id)
-                except FlowError as exc:
-                    failures.append((run_id, exc))
-                    continue
-                if state is None:
-                    continue
-                self._statuses.move(PROVISIONAL, state.public_status().value, moves)
-                for wakeup in state.wakeups():
-                    batch.put(wakeup_key(wakeup), b"")
-                if has_running_step(state):
-                    batch.put(b"x" + key, b"")
-                elif needs_driving(state, self._clock()):
-                    self.to_drive.append(run_id)
-                if run_id not in self._staged_runs and run_id not in self._sealed_runs:
-                    self._states.pop(run_id, None)  # a run waiting costs disk, not memory
-            self._statuses.write(moves, batch)
+        for raw_key in self._db.keys(from_key=b"d"):
+            key = bytes(raw_key)
+            if not key.startswith(b"d"):
+                break
+            self.to_drive.append(key[1:].decode())
+            batch.delete(key)
+        if self.to_drive:
             self._db.write(batch, self._write_options)
-            start = b"u" + chunk[-1].encode() + b"\0"
-        return failures
+        self._finish_from = None
+        return True
 
     def _marked_runs(self, start: bytes) -> list[str]:
         """Up to ``_FINISH_CHUNK`` u-marked runs, by run id, from the key ``start``."""

@@ -181,6 +181,54 @@ def test_a_restore_lets_its_runs_go_and_reads_them_back_from_the_store(
     assert store.status_counts() == reference.status_counts()
 
 
+def test_the_indexes_are_built_a_slice_at_a_time(
+    live: tuple[list[bytes], dict[bytes, bytes]], tmp_path: Path
+) -> None:
+    """A processor builds a restore's indexes a slice per loop iteration: with its deadline
+    passed, each slice builds one run, and the store ends as a whole ``finish_restore``
+    builds it."""
+    records, content = live
+    store = new_store(tmp_path / "restored")
+    restore(store, records, 1000)
+    slices = 0
+    while True:
+        failures, done = store.finish_restore_slice(0.0)
+        assert failures == []
+        slices += 1
+        if done:
+            break
+        assert store.finishing
+    assert not store.finishing
+    unfinished = ["created", "hooked", "retrying", "running", "waiting", "woken"]
+    assert slices == len(unfinished)
+    assert dump(store) == content
+    assert sorted(store.running_runs()) == ["running"]
+    assert sorted(store.to_drive) == ["created", "woken"]
+    reference = new_store(tmp_path / "reference")
+    restore(reference, records, 1000)
+    assert reference.finish_restore() == []
+    assert store.status_counts() == reference.status_counts()
+
+
+@pytest.mark.parametrize("built", [1, 3, 5])
+def test_a_finish_cut_short_keeps_the_runs_to_drive_it_found(
+    live: tuple[list[bytes], dict[bytes, bytes]], tmp_path: Path, built: int
+) -> None:
+    """The partition goes (the store is closed) after some slices: the next owner's finish
+    still drives the runs those slices found waiting on nothing, whose u-marks are gone."""
+    records, content = live
+    first = new_store(tmp_path / "kept")
+    restore(first, records, 1000)
+    for _ in range(built):
+        assert first.finish_restore_slice(0.0) == ([], False)
+    first.close()
+    second = new_store(tmp_path / "kept")
+    assert second.finish_restore() == []
+    assert sorted(second.to_drive) == ["created", "woken"]
+    assert sorted(second.running_runs()) == ["running"]
+    assert dump(second) == content
+
+
 @pytest.mark.parametrize("cut", [5, 11, 17, 23])
 def test_an_interrupted_restore_resumes_from_the_kept_directory(
     live: tuple[list[bytes], dict[bytes, bytes]], tmp_path: Path, cut: int
