@@ -10,6 +10,9 @@ from typing import Any
 from flowstream.examples.order import runtime
 from flowstream.processor.txn.errors import Abort
 from flowstream.processor.txn.pipeline import TransactionPipeline
+from tests.support.fault_apps import worker_process_only
+
+worker_process_only("tests.kafka.outcome_abort_app")
 
 __all__ = ["ABORT_REASON", "runtime"]
 

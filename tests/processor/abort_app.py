@@ -13,10 +13,13 @@ from typing import Any
 from flowstream.processor.txn.errors import Abort
 from flowstream.processor.txn.pipeline import TransactionPipeline
 from tests.processor.apps import runtime
+from tests.processor.fault_reasons import ABORT_REASON
+from tests.support.fault_apps import worker_process_only
+
+worker_process_only("tests.processor.abort_app")
 
 __all__ = ["ABORT_REASON", "runtime"]
 
-ABORT_REASON = "injected abort"
 
 _calls = 0
 _real = TransactionPipeline._commit_blocking

@@ -21,6 +21,9 @@ from flowstream.processor.partitions import PartitionHost
 from flowstream.processor.restore import StateRestorer
 from flowstream.replay.context import WorkflowInvocation
 from tests.processor.apps import SPEC, ThreeSteps
+from tests.support.fault_apps import worker_process_only
+
+worker_process_only("tests.processor.gated_app")
 
 __all__ = ["SPEC", "runtime"]
 

@@ -11,6 +11,9 @@ from typing import Any
 
 from flowstream.processor.txn.pipeline import TransactionPipeline
 from tests.processor.apps import runtime
+from tests.support.fault_apps import worker_process_only
+
+worker_process_only("tests.processor.hang_app")
 
 __all__ = ["runtime"]
 

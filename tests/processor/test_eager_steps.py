@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from tests.processor.abort_app import ABORT_REASON
 from tests.processor.apps import SPEC
+from tests.processor.fault_reasons import ABORT_REASON
 from tests.processor.harness import (
     Cluster,
     Load,

@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from flowstream.topology import load_topology
-from tests.processor.gated_app import SPEC
+from tests.processor.apps import SPEC
 from tests.processor.harness import Cluster, free_port
 from tests.processor.test_health import get
 
