@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +78,10 @@ class Restoring:
     if TYPE_CHECKING:  # the store's own, which must not be shadowed at run time
 
         def _state_or_none(self, run_id: str) -> RunState | None: ...
+
+        def _scan(
+            self, prefix: bytes, end: bytes | None = None
+        ) -> Iterator[tuple[bytes, bytes]]: ...
 
     def _unindexed(self, run_id: str) -> Restored | None:
         """A run restored earlier without a projection (its u-mark is in RocksDB), read back
@@ -159,10 +164,7 @@ class Restoring:
         """Every u-mark is built: the runs to drive are those marked so (the marks go)."""
         batch = WriteBatch(raw_mode=True)
         self.to_drive = []
-        for raw_key in self._db.keys(from_key=b"d"):
-            key = bytes(raw_key)
-            if not key.startswith(b"d"):
-                break
+        for key, _ in self._scan(b"d"):
             self.to_drive.append(key[1:].decode())
             batch.delete(key)
         if self.to_drive:
