@@ -295,8 +295,10 @@ class KafkaFlow:
 
     def history_now(self, run_id: str) -> list[EventEnvelope]:
         """The committed history as it is now, not waiting for the run to settle (for a step
-        handler that looks at its own run)."""
-        return self.host.events.history(self.id(run_id), timeout=SETTLE_S)
+        handler that looks at its own run). Read past every transaction open now, once it
+        commits: the processor runs a step once ``commit_transaction`` has returned, and the
+        broker writes the commit markers that make those events readable after that."""
+        return self.host.events.history(self.id(run_id), timeout=SETTLE_S, barrier=True)
 
     def state(self, run_id: str) -> RunState:
         return self._settled(self._real(run_id), follow=False, read=True)
