@@ -21,11 +21,14 @@ FLOOD = 6000
 # One decision or so per iteration: the flood outlasts many iterations.
 TINY_BUDGET = {"FLOWSTREAM_DECISION_BUDGET_MS": "1"}
 # What is measured is how many starts are decided while a finished step's outcome waits to be
-# recorded: fair, about an iteration's worth per step (3 in all here); starved, about every start
-# left (5,765 of 6,000 with the outcomes taken after the commands).
-# That does not depend on how fast the machine decides next to how fast steps run and commit,
-# as long as starts are left when the first step finishes: the guard below says so.
-WAITING_AT_MOST = 400
+# recorded, next to how many were left when the first step finished. Starved, about every start
+# left waits (5,765 of 5,913 with the outcomes taken after the commands). Fair, a few: 3 in all
+# on a quiet machine; on a loaded one the step's thread, and the asyncio loop's hand-off of its
+# result, can take a second, and the starts decided meanwhile count (511 of 4,998 left in one
+# CI run). A share of what is left does not depend on how fast the machine decides next to how
+# fast steps run and commit, as long as starts are left when the first step finishes: the guard
+# below says so.
+WAITING_AT_MOST_SHARE = 0.25
 LEFT_AT_LEAST = 1000
 
 
@@ -85,7 +88,7 @@ def test_runs_under_way_finish_while_a_backlog_of_starts_waits(
         step: sum(1 for run_id in flood if finished[step] <= created[run_id] < completions[step])
         for step in completions
     }
-    assert sum(waited.values()) <= WAITING_AT_MOST, (waited, left)
+    assert sum(waited.values()) <= WAITING_AT_MOST_SHARE * left, (waited, left)
 
 
 def created_at(cluster: Cluster, into: dict[str, datetime]) -> dict[str, datetime]:
