@@ -193,16 +193,21 @@ def test_a_signal_and_a_hook_resume_sent_before_start_both_apply(
 def test_a_slow_step_does_not_stall_other_runs_of_its_partition(
     deployment: tuple[FlowClient, Worker, Path],
 ) -> None:
-    client, worker, _ = deployment
+    client, worker, step_log = deployment
     partition = partition_for("slow-0", client.partitions)
     neighbours = [
         run_id
         for run_id in (f"quick-{i}" for i in range(200))
         if partition_for(run_id, client.partitions) == partition
     ][:5]
-    client.start("slow-0", SPEC, {"step_sleep_ms": 12000})
+    # The slow run's steps are held until the file exists: as slow as the test needs, no slower.
+    release = step_log.parent / "release-slow"
+    client.start("slow-0", SPEC, {"hold_file": str(release)})
     client.flush()
-    time.sleep(1)
+    deadline = time.monotonic() + 30
+    while ("slow-0", "validate") not in step_runs(step_log):
+        assert time.monotonic() < deadline, worker.output()[-2000:]
+        time.sleep(0.05)
     for run_id in neighbours:
         client.start(run_id, SPEC, {})
     client.flush()
@@ -211,4 +216,5 @@ def test_a_slow_step_does_not_stall_other_runs_of_its_partition(
     # Every neighbour finished while the slow run is still inside its first step.
     slow = client.snapshot("slow-0")
     assert slow.status.value == "running" and slow.steps["validate"].status.value == "running"
+    release.touch()
     assert client.wait("slow-0", timeout=60).status.value == "completed"
