@@ -270,7 +270,7 @@ class PartitionStore(
         _drop_sealed(self._staged_hooks, hooks)
         _drop_sealed(self._staged_inbox, inbox)
         _drop_sealed(self._staged_tokens, tokens)
-        _forget_idle(self._states, self._sealed_runs - self._staged_runs, self._clock())
+        _forget_idle(self._states, self._sealed_runs - self._staged_runs, self._clock)
         self._sealed_runs = set()
         self._sealed_wakeups = False
         self._sealed_overlays = ({}, {}, {})
@@ -286,7 +286,7 @@ class PartitionStore(
         self._open_since = {}
         self._write(batch, events_offset, wakeups_changed=self._staged_wakeups)
         self._staged_wakeups = False
-        _forget_idle(self._states, self._staged_runs, self._clock())
+        _forget_idle(self._states, self._staged_runs, self._clock)
         self._staged_runs.clear()
         self._staged_hooks.clear()
         self._staged_inbox.clear()
@@ -496,15 +496,22 @@ class PartitionStore(
         self._stage().put(b"x" + run_id.encode(), b"")
 
 
-def _forget_idle(states: dict[str, RunState], runs: set[str], now: datetime) -> None:
+def _forget_idle(states: dict[str, RunState], runs: set[str], clock: Clock) -> None:
     """Committed runs that ended, or wait on an input or a deadline with no step running, leave
-    the cache (a later read loads them): the runs held in memory are the ones being driven."""
+    the cache (a later read loads them): the runs held in memory are the ones being driven.
+    A run with a step running stays, so it is tested first (and the clock read once, if at all)."""
+    now: datetime | None = None
     for run_id in runs:
         state = states.get(run_id)
-        if state is not None and (
-            state.is_terminal or (is_suspended(state, now) and not has_running_step(state))
-        ):
-            del states[run_id]
+        if state is None:
+            continue
+        if not state.is_terminal:
+            if has_running_step(state):
+                continue
+            now = now or clock()
+            if not is_suspended(state, now):
+                continue
+        del states[run_id]
 
 
 def _drop_sealed(overlay: dict[K, V], sealed: dict[K, V]) -> None:
