@@ -16,13 +16,14 @@ still fences the dead member's transaction before anyone reads past it). The bro
 (docs/architecture.md, "Failover"); ``FLOWSTREAM_BENCH_LOG_LEVEL=INFO`` makes the workers log
 assignments and restores with millisecond times, to set beside the kill's.
 
-Usage: ``python -m benchmarks.failover [--rate 100] [--warm 5]``
+Usage: ``python -m benchmarks.failover [--rate 100] [--warm 5] [--timeline FILE]``
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import tempfile
 import threading
@@ -51,7 +52,7 @@ class Follow:
 
     def on_event(self, envelope: Any, now: float, partition: int, writer: str) -> None:
         with self.lock:
-            self.events.setdefault(envelope.run_id, []).append((now, writer))
+            self.events.setdefault(envelope.run_id, []).append((now, writer, envelope.event.type))
             self.last_writer[partition] = writer
             if envelope.event.type in harness.TERMINAL:
                 self.ended[envelope.run_id] = now
@@ -162,7 +163,7 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
                 owned_all_at = time.monotonic()
             with follow.lock:
                 moved = all(
-                    any(t > killed_at and w != "w1" for t, w in follow.events.get(r, []))
+                    any(t > killed_at and w != "w1" for t, w, *_ in follow.events.get(r, []))
                     for r in in_flight
                 )
             if moved and owned_all_at is not None:
@@ -183,10 +184,12 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
         client.close()
 
     def first_progress(run_id: str, after: float) -> float | None:
-        times = [t for t, w in follow.events.get(run_id, []) if t > after and w != "w1"]
+        times = [t for t, w, *_ in follow.events.get(run_id, []) if t > after and w != "w1"]
         return min(times) - after if times else None
 
     waits = [first_progress(r, killed_at) for r in in_flight]
+    if args.timeline:
+        write_timeline(Path(args.timeline), follow, victim_parts, killed_at, in_flight)
     # Every run on the victim's partitions waited: those in flight from the kill, later ones
     # from their start. The failover time is the longest of those waits.
     # A run with no event from the survivor either ended in the killed worker's last commit
@@ -211,6 +214,10 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
         "failover_s": round(max(waits_s + new_s), 2) if waits_s + new_s else None,
         "in_flight_max_s": round(max(waits_s), 2) if waits_s else None,
         "in_flight_median_s": round(statistics.median(waits_s), 2) if waits_s else None,
+        # Seconds from the kill at which a tenth, a fifth ... of the runs in flight progressed.
+        "in_flight_deciles_s": (
+            [round(q, 2) for q in statistics.quantiles(waits_s, n=10)] if len(waits_s) > 1 else None
+        ),
         "never_progressed": stuck,
         "ended_in_killed_commit": ended_by_victim,
         "survivor_owns_all_s": round(owned_all_at - killed_at, 2) if owned_all_at else None,
@@ -222,6 +229,27 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
         "runs_failed_or_timed_out": len(failures) + len(not_done),
         "survivor_cpu_s": survivor["cpu_s"],
     }
+
+
+def write_timeline(
+    path: Path, follow: Follow, victim_parts: set[int], killed_at: float, in_flight: list[str]
+) -> None:
+    """Every run of the victim's partitions: when it started and each event (seconds from the
+    kill, writer, type), to see which runs waited and for what."""
+    with follow.lock:
+        runs = {
+            run_id: {
+                "in_flight": run_id in in_flight,
+                "started_s": round(started - killed_at, 3),
+                "events": [
+                    (round(t - killed_at, 3), writer, str(kind))
+                    for t, writer, kind in follow.events.get(run_id, [])
+                ],
+            }
+            for run_id, started in follow.started.items()
+            if follow.partition(run_id) in victim_parts
+        }
+    path.write_text(json.dumps(runs))
 
 
 def _wall() -> str:
@@ -264,6 +292,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--set", type=harness.setting, action="append", default=[], metavar="NAME=VALUE"
     )
     parser.add_argument("--data-dir", default=None)
+    parser.add_argument(
+        "--timeline", metavar="FILE", help="write every victim run's events (seconds from the kill)"
+    )
     parser.add_argument("--keep-broker", action="store_true")
     parser.add_argument("--out", default=None)
     return parser.parse_args(argv)

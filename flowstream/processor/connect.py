@@ -56,6 +56,9 @@ def connect_clients(processor: Processor) -> None:
             # 150 ms rather than at a fifth of the session, and a member misses nine
             # heartbeats before it is expired.
             "heartbeat.interval.ms": max(100, session_ms // 10),
+            # Partitions resumed after a restore join the next fetch: a fetch waiting at the
+            # broker for new records holds them back for this long at most (500 ms by default).
+            "fetch.wait.max.ms": 100,
             **debug_config(s),
         },
     )
@@ -69,6 +72,8 @@ def connect_clients(processor: Processor) -> None:
         # again in 20 ms, not 500.
         {"fetch.wait.max.ms": 10, "fetch.error.backoff.ms": 20},
     )
+    processor.restorer.warm()
+    processor.tasks.warm = processor.restorer.warm
 
     def new_watermarks() -> Any:
         return clients.new_consumer(

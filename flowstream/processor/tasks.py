@@ -100,6 +100,8 @@ class TaskManager:
         self.on_taken: Callable[[set[int]], None] = lambda partitions: None
         #: Aborts what a gone previous owner left open (set once connected).
         self.fence: OwnerFence | None = None
+        #: Readies the restore's reader, on the opening thread (set once connected).
+        self.warm: Callable[[], None] = lambda: None
 
     def get(self, partition: int) -> PartitionTask | None:
         return self.owned.get(partition)
@@ -122,11 +124,19 @@ class TaskManager:
 
     def take(self, assigned: list[Any], *, seek: bool = False) -> None:
         """Own the partitions of ``assigned`` from their committed positions: paused until
-        restored; ``seek`` moves the consumer back there (when taking them again)."""
+        restored. A new assignment is assigned to the consumer at those positions; ``seek``
+        moves the consumer, which has them assigned already, back there (taking them again).
+
+        The consumer is given the positions read here rather than left to read them itself:
+        its own read, made at once, meets the dead owner's pending offset commit before the
+        fence ends it, and librdkafka asks again only a second later, so the commands after
+        the last commit waited a second more than the runs restored from the store."""
         consumer = self.consumer
-        consumer.pause(assigned)
-        # The stores open on a thread while the previous writers are fenced and the positions
-        # read: one waits on the disk, the others on the coordinators (a failover waits on both).
+        if seek:
+            consumer.pause(assigned)
+        # The stores open (and the restore's reader learns the events topic) on a thread while
+        # the previous writers are fenced and the positions read: one waits on the disk, the
+        # others on the coordinators (a failover waits on both).
         opening = _Opening(self, sorted({tp.partition for tp in assigned}))
         try:
             if self.fence is not None:
@@ -142,14 +152,23 @@ class TaskManager:
                     )
                     position = low
                 by_partition.setdefault(tp.partition, {})[tp.topic] = position
-                if seek:
-                    consumer.seek(clients.TopicPartition(tp.topic, tp.partition, position))
             for partition, positions in by_partition.items():
                 if set(positions) != set(self.command_topics):
                     raise TopologyError(
                         f"partition {partition} was assigned for only some command topics; "
                         "use the range assignor with equal partition counts"
                     )
+            at = [
+                clients.TopicPartition(topic, partition, position)
+                for partition, positions in by_partition.items()
+                for topic, position in positions.items()
+            ]
+            if seek:
+                for tp in at:
+                    consumer.seek(tp)
+            else:
+                consumer.assign(at)
+                consumer.pause(at)
             opened = opening.result()
         except BaseException:
             opening.discard()
@@ -216,6 +235,7 @@ class _Opening:
 
     def _open(self) -> None:
         try:
+            self._tasks.warm()
             for partition in self._partitions:
                 self._opened[partition] = self._tasks.open(partition, {})
         except BaseException as exc:  # raised by result(), on the thread that waits

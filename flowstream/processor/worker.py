@@ -68,6 +68,9 @@ MAX_OPEN_SHARE = 0.3
 #: its commit takes, and the next one stays open (on the other producer) until then. With the
 #: share alone, a 10 s timeout let a burst build transactions whose commits outlived it.
 MAX_OPEN_S = 0.6
+#: How long one iteration takes decisions while some partitions restore (a restore slice
+#: applies records for about as long).
+_RESTORING_BUDGET_S = 0.05
 #: An eager transaction (begun right after a commit that carried decisions) that no decision
 #: joined within this long commits alone, well inside any transaction timeout.
 _EAGER_IDLE_S = 0.2
@@ -138,12 +141,12 @@ class Processor:
             self.pipeline.commit_all()
         finally:
             self.steps.close()
+            self.restorer.targets.close()  # first: a wake in flight uses the consumer
             with contextlib.suppress(Exception):
                 self.consumer.close()
             self.tasks.close()
             if self.tasks.fence is not None:
                 self.tasks.fence.close()
-            self.restorer.targets.close()
             for close in (self.restorer.consumer.close, self.tasks.watermarks.close):
                 with contextlib.suppress(Exception):
                     close()
@@ -158,11 +161,17 @@ class Processor:
             pipeline.settle()
         pipeline.release()
         messages = await self._poll()
-        until = pipeline.decisions_until(self._decision_budget_s, self._max_open_s)
+        restoring = bool(self.tasks.restoring())
+        # While partitions restore, an iteration's decisions leave the restore about half the
+        # loop: the backlog of the partitions already active would otherwise take four fifths.
+        budget = self._decision_budget_s
+        if restoring:
+            budget = min(budget, _RESTORING_BUDGET_S)
+        until = pipeline.decisions_until(budget, self._max_open_s)
         if self._fatal is not None:
             raise self._fatal
         self.metrics.owned_partitions.set(len(self.tasks.active()))
-        if self.tasks.restoring():
+        if restoring:
             aborts = pipeline.aborts
             await self.restorer.restore_slice()
             if pipeline.aborts != aborts:
@@ -266,8 +275,7 @@ class Processor:
             if not assigned:
                 return
             LOG.info("assigned partitions %s", sorted({tp.partition for tp in assigned}))
-            consumer.assign(assigned)
-            self.tasks.take(assigned)
+            self.tasks.take(assigned)  # assigns them to the consumer, paused
         except BaseException as exc:  # surfaced by the loop; callbacks must not raise
             self._fatal = exc
 
