@@ -93,24 +93,31 @@ class _IndexStore(RocksDBEventStore):
         run_id = envelope.run_id
         if run_id in self.broken:
             return
+        table = self._run_table
+        assert table is not None
         with self._lock:
+            state: RunState | None = None
+            kept = 0
             try:
                 state = self._state_or_none(run_id)
                 if state is not None and envelope.sequence <= state.last_sequence:
                     return
-                before = None if state is None else facts_of(state)
+                before = None
+                if state is not None:
+                    kept = state.last_sequence
+                    if not table.staged(run_id):
+                        before = facts_of(state)
                 if state is None:
                     state = RunState.first(envelope)
                 else:
                     state.apply(envelope)
             except FlowError as exc:
-                self._states.pop(run_id, None)
+                self._forget_failed(run_id, state, kept)
                 self._break(run_id, f"{envelope.sequence}: {exc}")
                 return
-            changes = IndexChanges()
-            assert self._run_table is not None
-            changes.run_index = self._run_table.change(before, state)
-            self._persist(run_id, [envelope], [raw], changes)
+            # The run's index keys are written once per commit, from its newest state.
+            table.stage(run_id, before, state)
+            self._persist(run_id, [envelope], [raw], IndexChanges())
             self._remember(run_id, state)
 
     def _break(self, run_id: str, reason: str) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import heapq
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, nullcontext
@@ -141,18 +142,22 @@ def _newest(moment: datetime) -> bytes:
     return (_NEWEST - micros(moment)).to_bytes(8, "big")
 
 
+@functools.lru_cache(maxsize=4096)
 def _workflow_prefix(workflow: str, status: str) -> bytes:
     name = workflow.encode()
     return _BY_WORKFLOW + len(name).to_bytes(2, "big") + name + status.encode() + b"\0"
 
 
+_STATUS_PREFIX = {status: _BY_STATUS + status.value.encode() + b"\0" for status in RunStatus}
+
+
 def _secondary(run_id: str, workflow: str, facts: RunFacts) -> list[bytes]:
     sort_key = (_NEWEST - facts.micros).to_bytes(8, "big") + run_id.encode()
-    status = facts.status.value
+    status = facts.status
     return [
         _BY_TIME + sort_key,
-        _BY_STATUS + status.encode() + b"\0" + sort_key,
-        _workflow_prefix(workflow, status) + sort_key,
+        _STATUS_PREFIX[status] + sort_key,
+        _workflow_prefix(workflow, status.value) + sort_key,
     ]
 
 
@@ -207,6 +212,13 @@ class RunTable:
     The writer calls ``change`` for each append (with the run's facts before it, ``None`` for
     a new run) and writes what it returns in the append's atomic write; the counters it holds
     follow each change, so after a failed write it calls ``reload``.
+
+    A writer that groups appends into one write *stages* them instead: ``stage`` after each
+    append (with the facts the store holds for the run, taken before the first append of the
+    group advanced its state), then ``take`` once, into the group's write. A run appended to
+    several times in one group gets its keys and the counters written once, from its newest
+    state. Staged runs hold their state object, which the appends advance in place: after an
+    append that failed half-way, ``restage`` the state the store still holds.
     """
 
     def __init__(
@@ -215,6 +227,8 @@ class RunTable:
         self._reader = reader
         self._lock: AbstractContextManager[object] = lock if lock is not None else nullcontext()
         self._counters = self._read_counters()
+        #: Staged runs: the facts the store holds for each (``None``: new), and its state now.
+        self._staged: dict[str, tuple[RunFacts | None, RunState]] = {}
 
     def _read_counters(self) -> dict[str, int]:
         counters = _empty_counters()
@@ -226,12 +240,18 @@ class RunTable:
     def reload(self) -> None:
         """Read the counters from the store again (a write the table counted failed)."""
         with self._lock:
+            self._staged.clear()
             self._counters = self._read_counters()
 
     # -- keeping it -----------------------------------------------------------------------
 
     def change(self, before: RunFacts | None, state: RunState) -> list[Change]:
         """The key changes that bring the run's entries from ``before`` to ``state``."""
+        found = self._changes(before, state)
+        found.append((_COUNTERS, orjson.dumps(self._counters)))
+        return found
+
+    def _changes(self, before: RunFacts | None, state: RunState) -> list[Change]:
         after = facts_of(state)
         row = row_values(state)
         workflow = state.spec.name
@@ -247,6 +267,34 @@ class RunTable:
             found.append((_OPEN + run_key, _items_value(after.items) if after.items else None))
         self._count(before, -1)
         self._count(after, 1)
+        return found
+
+    def staged(self, run_id: str) -> bool:
+        """Whether an append to ``run_id`` is staged and not yet taken."""
+        return run_id in self._staged
+
+    def stage(self, run_id: str, before: RunFacts | None, state: RunState) -> None:
+        """An append to ``run_id`` joins the group; ``before`` (the facts the store holds for
+        the run, ``None`` for a new run) counts only for its first append in the group."""
+        held = self._staged.get(run_id)
+        self._staged[run_id] = (before if held is None else held[0], state)
+
+    def restage(self, run_id: str, state: RunState | None) -> None:
+        """An append to a staged run failed after it advanced the run's state: ``state`` is
+        the one the store still holds (``None``: the run is new and holds nothing)."""
+        held = self._staged.pop(run_id, None)
+        if held is not None and state is not None:
+            self._staged[run_id] = (held[0], state)
+
+    def take(self) -> list[Change]:
+        """The key changes of every staged run and the counters after them (none when nothing
+        is staged); the group is empty again."""
+        if not self._staged:
+            return []
+        staged, self._staged = self._staged, {}
+        found: list[Change] = []
+        for before, state in staged.values():
+            found.extend(self._changes(before, state))
         found.append((_COUNTERS, orjson.dumps(self._counters)))
         return found
 
@@ -265,7 +313,7 @@ class RunTable:
         pending: list[Change] = []
         runs = 0
         for state in states:
-            pending.extend(self.change(None, state)[:-1])
+            pending.extend(self._changes(None, state))
             runs += 1
             if len(pending) >= 20_000:
                 write(pending)

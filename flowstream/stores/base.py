@@ -160,7 +160,7 @@ class EventStore(ABC):
             before = [] if state is None else state.wakeups()
             table = self._run_table
             facts: RunFacts | None = None
-            if table is not None and state is not None:
+            if table is not None and state is not None and not table.staged(run_id):
                 facts = facts_of(state)
             was = None if state is None else state.public_status().value
             try:
@@ -172,7 +172,7 @@ class EventStore(ABC):
                 for envelope in rest:
                     state.apply(envelope)
             except InvalidTransitionError:
-                self._states.pop(run_id, None)
+                self._forget_failed(run_id, state, expected_sequence)
                 raise
             after = state.wakeups()
             if state.is_terminal:
@@ -182,15 +182,17 @@ class EventStore(ABC):
             changes.removed_wakeups = [w for w in before if w not in after]
             changes.added_wakeups = [w for w in after if w not in before]
             if table is not None:
-                changes.run_index = table.change(facts, state)
+                table.stage(run_id, facts, state)
+                if not self._groups_index:
+                    changes.run_index = table.take()
             status = state.public_status().value
             if status != was:
                 changes.status = (was, status)
             try:
                 self._persist(run_id, envelopes, encoded, changes)
             except BaseException:
-                self._states.pop(run_id, None)
-                if table is not None:
+                self._forget_failed(run_id, state, expected_sequence)
+                if table is not None and not self._groups_index:
                     table.reload()
                 raise
             self._remember(run_id, state)
@@ -271,6 +273,22 @@ class EventStore(ABC):
     def _hook_owner(self, token_digest: str) -> tuple[str, str] | None: ...
 
     # -- shared helpers --------------------------------------------------------------------
+
+    @property
+    def _groups_index(self) -> bool:
+        """Whether the run index's changes wait in the table (``RunTable.stage``) for the
+        store's next write (which takes them), or join each append's own write."""
+        return False
+
+    def _forget_failed(self, run_id: str, state: RunState | None, kept: int) -> None:
+        """An append to ``run_id`` failed, perhaps after it advanced ``state``: the cached
+        projection goes (it is read again), and a run the index has staged gets back the
+        state of the ``kept`` events the store holds."""
+        self._states.pop(run_id, None)
+        table = self._run_table
+        if table is not None and table.staged(run_id):
+            held = None if state is None or kept == 0 else state.history[:kept]
+            table.restage(run_id, None if held is None else RunState.from_history(held))
 
     def _state_or_none(self, run_id: str) -> RunState | None:
         state = self._states.get(run_id)

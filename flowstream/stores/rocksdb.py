@@ -285,6 +285,8 @@ class RocksDBEventStore(EventStore):
         self._written = 0
         self._synced = 0
         self._pending: WriteBatch | None = None
+        #: The runs with appends in ``_pending`` (a read of any other run need not write it).
+        self._pending_runs: set[str] = set()
         self._earliest: Wakeup | _Unknown | None = _UNKNOWN
         self._cache_runs = cache_runs
         self._closed = False
@@ -403,12 +405,15 @@ class RocksDBEventStore(EventStore):
 
     def _load(self, run_id: str) -> list[EventEnvelope] | None:
         run_key = run_id.encode()
-        self._write_pending()
+        if run_id in self._pending_runs:
+            self._write_pending()
         if self._db.get(b"r" + run_key) is None:  # a point lookup is cheaper than a scan
             return None
         prefix = b"e" + run_key + b"\0"
         history: list[EventEnvelope] = []
-        for _, value in self._scan(prefix):
+        for raw_key, value in self._db.items(from_key=prefix):
+            if not bytes(raw_key).startswith(prefix):  # type: ignore[arg-type]  # raw mode
+                break
             history.append(self._decode(run_id, value))
         return history or None
 
@@ -462,11 +467,16 @@ class RocksDBEventStore(EventStore):
             if self._pending is None:
                 self._pending = WriteBatch(raw_mode=True)
             put_append(self._pending, run_id, envelopes, encoded, changes)
+            self._pending_runs.add(run_id)
         if changes.added_wakeups or changes.removed_wakeups:
             self._forget_earliest()
         self._written += 1
         if self._write_options.sync:
             self._synced = self._written
+
+    @property
+    def _groups_index(self) -> bool:
+        return not self._write_options.sync
 
     def _stage_put(self, key: bytes, value: bytes) -> None:
         """Add one key to the next group-commit write (written with the appends staged with it)."""
@@ -484,7 +494,10 @@ class RocksDBEventStore(EventStore):
             pending, self._pending = self._pending, None
             if pending is None:
                 return
+            self._pending_runs.clear()
             try:
+                if self._run_table is not None:
+                    write_changes(pending, self._run_table.take())
                 self._db.write(pending, self._write_options)
             except BaseException:
                 # The cached projections are ahead of the disk: read every run from it again.
