@@ -23,8 +23,9 @@ Rules every store keeps (the conformance suite in ``tests/stores`` proves each o
 9. After ``await wait_durable()`` returns, every append made before the call survives a crash or a
    power loss (appends are atomic and ordered, so a lost tail is a prefix cut, never a hole).
 10. A store that keeps the run index (``run_index()``: a ``RunTable``) writes each append's row,
-    secondary keys and counters in the same atomic write as its events; a store that keeps none
-    answers ``run_index()`` with an index built from every run's state at the call.
+    secondary keys and counters in the same atomic write as its events (a store that groups
+    appends into one write writes them once per run, from its newest state); a store that keeps
+    none answers ``run_index()`` with an index built from every run's state at the call.
 """
 
 from __future__ import annotations
