@@ -25,6 +25,8 @@ JSON = JsonValue
 
 _RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,200}")
 _MAX_ID_LEN = 200
+#: What an id must not hold: a control character (below U+0020).
+_CONTROL = re.compile(r"[\x00-\x1f]")
 
 
 class FrozenModel(BaseModel):
@@ -66,7 +68,7 @@ def validate_identifier(kind: str, value: str) -> str:
         not isinstance(value, str)
         or not value
         or len(value) > _MAX_ID_LEN
-        or any(ord(c) < 32 for c in value)
+        or _CONTROL.search(value) is not None
     ):
         raise InvalidIdentifierError(
             f"invalid {kind} id {value!r}: use 1-{_MAX_ID_LEN} printable characters"

@@ -107,7 +107,7 @@ class IndexChanges:
         #: The run index's key changes (``RunTable.change``), for a store that keeps it.
         self.run_index: list[Change] = []
         #: The run's public status before the append (``None``: a new run) and after it, when
-        #: the append changed it (a partition store counts runs by status with it).
+        #: the append changed it, for a store that ``counts_statuses`` (a partition store).
         self.status: tuple[str | None, str] | None = None
 
 
@@ -116,6 +116,10 @@ AppendResult = list[EventEnvelope]
 
 class EventStore(ABC):
     """Append-only per-run histories with optimistic concurrency (see the module rules)."""
+
+    #: Whether appends report the run's public status before and after (``IndexChanges.status``)
+    #: for a store that counts its runs by status.
+    counts_statuses = False
 
     def __init__(self, *, clock: Clock = utc_now) -> None:
         self._clock = clock
@@ -163,7 +167,8 @@ class EventStore(ABC):
             facts: RunFacts | None = None
             if table is not None and state is not None and not table.staged(run_id):
                 facts = facts_of(state)
-            was = None if state is None else state.public_status().value
+            counts = self.counts_statuses
+            was = None if state is None or not counts else state.public_status().value
             try:
                 if state is None:
                     state = RunState.first(envelopes[0])
@@ -186,9 +191,10 @@ class EventStore(ABC):
                 table.stage(run_id, facts, state)
                 if not self._groups_index:
                     changes.run_index = table.take()
-            status = state.public_status().value
-            if status != was:
-                changes.status = (was, status)
+            if counts:
+                status = state.public_status().value
+                if status != was:
+                    changes.status = (was, status)
             try:
                 self._persist(run_id, envelopes, encoded, changes)
             except BaseException:

@@ -126,6 +126,7 @@ class PartitionStore(
     (``local_token_claims``: see ``TokenIndex``)."""
 
     keeps_run_index = False
+    counts_statuses = True
 
     def __init__(
         self,
