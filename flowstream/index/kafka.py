@@ -37,7 +37,7 @@ from pathlib import Path
 
 from flowstream import codec, wire
 from flowstream.errors import FlowError
-from flowstream.index.rows import RunPage, RunQuery, RunRow, facts_of
+from flowstream.index.rows import RunPage, RunQuery, RunRow
 from flowstream.index.table import RunTable
 from flowstream.kafka import clients
 from flowstream.model.events import EventEnvelope
@@ -102,14 +102,11 @@ class _IndexStore(RocksDBEventStore):
                 state = self._state_or_none(run_id)
                 if state is not None and envelope.sequence <= state.last_sequence:
                     return
-                before = None
-                if state is not None:
-                    kept = state.last_sequence
-                    if not table.staged(run_id):
-                        before = facts_of(state)
+                before = table.held_facts(run_id, state)
                 if state is None:
                     state = RunState.first(envelope)
                 else:
+                    kept = state.last_sequence
                     state.apply(envelope)
             except FlowError as exc:
                 self._forget_failed(run_id, state, kept)

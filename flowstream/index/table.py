@@ -273,6 +273,13 @@ class RunTable:
         """Whether an append to ``run_id`` is staged and not yet taken."""
         return run_id in self._staged
 
+    def held_facts(self, run_id: str, state: RunState | None) -> RunFacts | None:
+        """What ``stage`` needs of a run before an append advances ``state`` (the store's):
+        its facts, or ``None`` for a new run or one already staged (its first facts count)."""
+        if state is None or run_id in self._staged:
+            return None
+        return facts_of(state)
+
     def stage(self, run_id: str, before: RunFacts | None, state: RunState) -> None:
         """An append to ``run_id`` joins the group; ``before`` (the facts the store holds for
         the run, ``None`` for a new run) counts only for its first append in the group."""

@@ -46,7 +46,6 @@ from flowstream.errors import (
     PayloadTooLargeError,
     RunNotFoundError,
 )
-from flowstream.index.rows import RunFacts, facts_of
 from flowstream.index.table import Change, MemoryKeyValues, RunTable, write_changes
 from flowstream.model.base import validate_run_id
 from flowstream.model.events import EventEnvelope, FlowEvent, HookCreated
@@ -164,9 +163,7 @@ class EventStore(ABC):
             self._check_hook_claims(run_id, events, changes)
             before = [] if state is None else state.wakeups()
             table = self._run_table
-            facts: RunFacts | None = None
-            if table is not None and state is not None and not table.staged(run_id):
-                facts = facts_of(state)
+            facts = None if table is None else table.held_facts(run_id, state)
             counts = self.counts_statuses
             was = None if state is None or not counts else state.public_status().value
             try:

@@ -324,6 +324,10 @@ class RocksDBEventStore(EventStore):
 
     def _scan(self, prefix: bytes, end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         self._write_pending()
+        return self._range(prefix, end)
+
+    def _range(self, prefix: bytes, end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """The keys under ``prefix`` (up to ``end``) as the database holds them now."""
         for raw_key, value in self._db.items(from_key=prefix):
             key = bytes(raw_key)  # type: ignore[arg-type]  # raw mode yields bytes
             if not key.startswith(prefix) or (end is not None and key > end):
@@ -411,9 +415,7 @@ class RocksDBEventStore(EventStore):
             return None
         prefix = b"e" + run_key + b"\0"
         history: list[EventEnvelope] = []
-        for raw_key, value in self._db.items(from_key=prefix):
-            if not bytes(raw_key).startswith(prefix):  # type: ignore[arg-type]  # raw mode
-                break
+        for _, value in self._range(prefix):
             history.append(self._decode(run_id, value))
         return history or None
 
