@@ -37,7 +37,7 @@ def _key(frame: str) -> str:
     if match is None:
         return frame.strip()
     path = match["file"]
-    for marker in ("site-packages/", "lib/python3.11/", "/work/main/"):
+    for marker in ("site-packages/", "lib/python3.11/", f"{harness.ROOT}/"):
         if marker in path:
             path = path.split(marker, 1)[1]
     return f"{path}:{match['function']}"

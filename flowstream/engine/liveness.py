@@ -18,9 +18,6 @@ scan, and says what it repaired.
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -68,7 +65,7 @@ class Liveness(ReplayCycle):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._driving: Counter[str] = Counter()
+        self._driving: dict[str, int] = {}
 
     def condition(self, run_id: str, *, now: datetime | None = None) -> Condition:
         """The condition of ``run_id`` as this host sees it (``RunNotFoundError`` if none)."""
@@ -76,7 +73,7 @@ class Liveness(ReplayCycle):
 
     def is_driving(self, run_id: str) -> bool:
         """Whether a replay cycle of this engine is driving ``run_id`` right now."""
-        return self._driving[run_id] > 0
+        return run_id in self._driving
 
     def find_stalled(
         self,
@@ -173,15 +170,13 @@ class Liveness(ReplayCycle):
     async def _drive_one(
         self, run_id: str, now: datetime | None, *, notify_parent: bool
     ) -> RunState:
-        async with self._driven(run_id):
-            return await super()._drive_one(run_id, now, notify_parent=notify_parent)
-
-    @asynccontextmanager
-    async def _driven(self, run_id: str) -> AsyncIterator[None]:
-        self._driving[run_id] += 1
+        driving = self._driving  # counted by hand: this runs for every decision
+        driving[run_id] = driving.get(run_id, 0) + 1
         try:
-            yield
+            return await super()._drive_one(run_id, now, notify_parent=notify_parent)
         finally:
-            self._driving[run_id] -= 1
-            if not self._driving[run_id]:
-                del self._driving[run_id]
+            left = driving[run_id] - 1
+            if left:
+                driving[run_id] = left
+            else:
+                del driving[run_id]

@@ -119,7 +119,8 @@ class CommandHandler:
             reason = f"runtime code raised {describe(exc)}"
             self.dead_letters.for_message(message, reason)
             self.outcomes.rejected(partition, command, Exception(reason), source)
-        self.ctx.metrics.commands.labels(topic=topic, outcome=outcome.split(":")[0]).inc()
+        metrics = self.ctx.metrics
+        metrics.child(metrics.commands, topic, outcome.split(":")[0]).inc()
         self.ctx.metrics.decision_seconds.observe(time.perf_counter() - began)
 
     def _decode(self, message: Any) -> CommandMessage:

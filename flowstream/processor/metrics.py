@@ -51,6 +51,7 @@ class ProcessorMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry
         self.commands = Counter(
             "flowstream_commands",
@@ -169,6 +170,15 @@ class ProcessorMetrics:
             registry=r,
         )
 
+    def child(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, kept: a labelled child is looked up on every decision.
+        (Not for ``build_info``, which is cleared.)"""
+        key = (id(metric), values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found
+
     def observe_step(self, name: str, seconds: float) -> None:
         """One step attempt's handler time, under its bounded name label."""
         label = name[:MAX_STEP_NAME_CHARS]
@@ -179,7 +189,7 @@ class ProcessorMetrics:
                         label = OTHER_STEPS
                     else:
                         self._step_names.add(label)
-        self.step_seconds.labels(step=label).observe(seconds)
+        self.child(self.step_seconds, label).observe(seconds)
 
     def set_build(self, builds: Iterable[str | None]) -> None:
         """``flowstream_build_info``: ``builds`` are the runtime builds served (``None``: the

@@ -118,7 +118,8 @@ class Outcomes:
             source=source,
         )
         self.ctx.produce(self.ctx.topics[OUTCOMES], partition, key, codec.encode_message(outcome))
-        self.ctx.metrics.outcomes.labels(status=status.value).inc()
+        metrics = self.ctx.metrics
+        metrics.child(metrics.outcomes, status.value).inc()
 
     def rejected(
         self, partition: int, command: CommandMessage | None, exc: BaseException, source: str

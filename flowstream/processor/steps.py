@@ -153,7 +153,7 @@ class StepRunner:
     ) -> None:
         task.inflight.discard(item)
         self.handling.discard(key)
-        self.ctx.metrics.step_attempts.labels(outcome="not_started").inc()
+        self.ctx.metrics.child(self.ctx.metrics.step_attempts, "not_started").inc()
         self._hand_over(task, item)
 
     def _attempt_state(
@@ -203,11 +203,11 @@ class StepRunner:
             )
             return
         if task is None or not task.store.exists(run_id):  # gone, or its start aborted
-            self.ctx.metrics.step_attempts.labels(outcome="dropped").inc()
+            self.ctx.metrics.child(self.ctx.metrics.step_attempts, "dropped").inc()
             return
         output, error, retryable = outcome
         label = "completed" if error is None else ("retryable" if retryable else "non_retryable")
-        self.ctx.metrics.step_attempts.labels(outcome=label).inc()
+        self.ctx.metrics.child(self.ctx.metrics.step_attempts, label).inc()
         self.ctx.pipeline.begin()
         began = time.perf_counter()
 

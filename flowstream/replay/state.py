@@ -89,6 +89,10 @@ class RunState:
     fail_run_failure: FailRunFailure | None = None
     #: The last workflow-task failure, until the run moves on (any other event clears it).
     task_failure: TaskFailure | None = None
+    #: ``public_status`` and the sequence it was computed at (asked before and after appends).
+    _public: tuple[int, RunStatus] = field(
+        default=(-1, RunStatus.PENDING), init=False, repr=False, compare=False
+    )
 
     # -- construction ---------------------------------------------------------------------
 
@@ -204,9 +208,14 @@ class RunState:
         return found
 
     def public_status(self) -> RunStatus:
-        if self.status is RunStatus.RUNNING and self.has_open_suspension():
-            return RunStatus.SUSPENDED
-        return self.status
+        at, status = self._public
+        if at == self.last_sequence:
+            return status
+        status = self.status
+        if status is RunStatus.RUNNING and self.has_open_suspension():
+            status = RunStatus.SUSPENDED
+        self._public = (self.last_sequence, status)
+        return status
 
     def snapshot(self) -> WorkflowRunSnapshot:
         """A frozen copy for callers; built on demand, never on the decision path."""

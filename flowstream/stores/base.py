@@ -165,7 +165,7 @@ class EventStore(ABC):
             table = self._run_table
             facts = None if table is None else table.held_facts(run_id, state)
             counts = self.counts_statuses
-            was = None if state is None or not counts else state.public_status().value
+            was = None if state is None or not counts else state.public_status()
             try:
                 if state is None:
                     state = RunState.first(envelopes[0])
@@ -189,9 +189,9 @@ class EventStore(ABC):
                 if not self._groups_index:
                     changes.run_index = table.take()
             if counts:
-                status = state.public_status().value
-                if status != was:
-                    changes.status = (was, status)
+                status = state.public_status()
+                if status is not was:
+                    changes.status = (None if was is None else was.value, status.value)
             try:
                 self._persist(run_id, envelopes, encoded, changes)
             except BaseException:

@@ -63,11 +63,9 @@ class TokenIndex:
         if self._local_token_claims:
             super()._check_hook_claims(run_id, events, changes)  # type: ignore[misc]
             return
-        changes.claimed_hooks.extend(
-            (event.token_digest, run_id, event.hook_id)
-            for event in events
-            if isinstance(event, HookCreated)
-        )
+        for event in events:
+            if type(event) is HookCreated:
+                changes.claimed_hooks.append((event.token_digest, run_id, event.hook_id))
 
     def cached_state(self, run_id: str) -> RunState | None:
         """The projection of ``run_id`` this store holds in memory, if any (no read)."""
