@@ -37,7 +37,6 @@ import secrets
 import shutil
 import signal
 import statistics
-import tempfile
 import threading
 import time
 import uuid
@@ -581,7 +580,7 @@ def main(argv: list[str] | None = None) -> None:
     cluster = Cluster(home, brokers=3, port=args.port)
     started_here = not cluster.is_running()
     cluster.start(fresh=started_here)
-    root = Path(tempfile.mkdtemp(prefix="chaos-", dir=args.data_dir))
+    root = harness.scratch("chaos-", args.data_dir)
     print(f"chaos: cluster {cluster.bootstrap}, worker state and logs in {root}", flush=True)
     try:
         result = run_chaos(cluster, options, root)

@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -101,7 +100,7 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
     prefix = harness.new_prefix("failover")
     harness.apply_topics(prefix)
     env = {f"FLOWSTREAM_{k.upper()}": v for k, v in args.set}
-    state_root = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=args.data_dir))
+    state_root = harness.scratch(f"{prefix}-", args.data_dir)
     client = FlowClient(
         Settings(bootstrap=harness.BOOTSTRAP, topic_prefix=prefix, group=f"{prefix}-client"),
         wait=False,

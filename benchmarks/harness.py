@@ -90,6 +90,13 @@ def apply_topics(prefix: str, bootstrap: str = BOOTSTRAP) -> None:
     topics.apply(bootstrap, load_topology(), prefix=prefix, replication_factor=1)
 
 
+def scratch(prefix: str, under: str | Path | None = None) -> Path:
+    """A new directory for one pass (under ``under``, created if missing; else the temp dir)."""
+    if under is not None:
+        Path(under).mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=under))
+
+
 def free_port() -> int:
     """A loopback TCP port nobody listens on right now."""
     with socket.socket() as probe:

@@ -33,7 +33,6 @@ import asyncio
 import resource
 import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -345,7 +344,7 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, help="where the stores go (default: a temp dir)")
     parser.add_argument("--out", default=f"benchmarks/results/{datetime.now(UTC):%Y-%m-%d}.jsonl")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="run-index-", dir=args.dir))
+    root = harness.scratch("run-index-", args.dir)
     try:
         records: list[dict[str, Any]] = []
         if args.overhead:

@@ -56,7 +56,6 @@ import os
 import random
 import re
 import shutil
-import tempfile
 import threading
 import time
 import uuid
@@ -596,7 +595,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             return [record]
         for mode in ("restore", "burst"):
             if args.mode in (mode, "both"):
-                state_root = Path(tempfile.mkdtemp(prefix=f"scale-{mode}-", dir=args.data_dir))
+                state_root = harness.scratch(f"scale-{mode}-", args.data_dir)
                 try:
                     found = (run_restore if mode == "restore" else run_burst)(args, state_root)
                 finally:

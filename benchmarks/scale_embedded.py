@@ -289,7 +289,7 @@ def _child(*arguments: str) -> dict[str, Any]:
 def run_child(args: Any) -> dict[str, Any]:
     """``embedded``: the store created in one child process, opened and inspected in another,
     then audited; its record."""
-    directory = Path(tempfile.mkdtemp(prefix="scale-embedded-", dir=args.data_dir))
+    directory = harness.scratch("scale-embedded-", args.data_dir)
     fill = getattr(args, "fill", "worker")
     record: dict[str, Any] = {
         "figure": "scale-embedded",

@@ -104,6 +104,8 @@ async def run_embedded(args: argparse.Namespace) -> list[dict[str, Any]]:
         label += "-eager"
     usage = harness.SelfUsage()
     context = harness.machine()
+    if args.data_dir is not None:
+        Path(args.data_dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.data_dir) as directory:
         store = RocksDBEventStore(directory, sync=args.sync)
         engine = FlowEngine(store, runtime, eager_steps=args.eager_steps)
@@ -129,7 +131,7 @@ async def run_kafka(args: argparse.Namespace) -> list[dict[str, Any]]:
     prefix = harness.new_prefix(f"wl{args.workers}")
     harness.apply_topics(prefix)
     env = {f"FLOWSTREAM_{key.upper()}": value for key, value in args.set}
-    state_root = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=args.data_dir))
+    state_root = harness.scratch(f"{prefix}-", args.data_dir)
     broker = harness.broker_pid()
     broker_cpu = harness.cpu_seconds(broker) if broker else 0.0
     records: list[dict[str, Any]] = []
