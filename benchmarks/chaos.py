@@ -203,6 +203,8 @@ class _Driver:
         self._sequence = 0
         self._brokers_killed = 0
         self._restarts: list[threading.Thread] = []
+        #: Brokers killed and not yet back (a restart in progress counts as down).
+        self._brokers_down: set[int] = set()
         self.follow: Follow | None = None
         self._pending_signals: dict[str, Callable[[], None]] = {}
         self._pending_hooks: set[str] = set()
@@ -281,7 +283,9 @@ class _Driver:
     def inject(self, kind: str) -> None:
         now = time.monotonic()
         if kind == "broker-kill":
-            self._kill_broker(now)
+            if self._brokers_down:
+                print("chaos: broker-kill waits: a broker is still restarting", flush=True)
+            self._kill_broker_when_up()
             return
         candidates = self.workers.up()
         if len(candidates) < 2:  # keep one worker serving
@@ -304,6 +308,15 @@ class _Driver:
             self.later(now + self.options.worker_down, lambda: self.workers.start(victim))
         print(f"chaos: {kind} {victim} (it wrote last on partitions {owned})", flush=True)
 
+    def _kill_broker_when_up(self) -> None:
+        """A broker killed while another restarts would take two down at once (and its gap
+        would be the restart's): the kill waits until every broker is back."""
+        now = time.monotonic()
+        if self._brokers_down:
+            self.later(now + 1.0, self._kill_broker_when_up)
+        else:
+            self._kill_broker(now)
+
     def _kill_broker(self, now: float) -> None:
         admin = clients.new_admin(self.bootstrap)
         leaders = {
@@ -325,6 +338,7 @@ class _Driver:
             {"led": led, "group_coordinator": broker == coordinator},
         )
         self.faults.append(fault)
+        self._brokers_down.add(broker)
         self.cluster.kill_node(broker)
         print(
             f"chaos: broker-kill node {broker} (led {led}, coordinator {coordinator})", flush=True
@@ -337,6 +351,8 @@ class _Driver:
                 fault.detail["restart_s"] = round(time.monotonic() - began, 1)
             except Exception as exc:
                 fault.detail["restart_error"] = str(exc)
+            finally:
+                self._brokers_down.discard(broker)
 
         def spawn() -> None:
             thread = threading.Thread(target=restart, daemon=True)
