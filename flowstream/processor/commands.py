@@ -121,7 +121,7 @@ class CommandHandler:
             self.outcomes.rejected(partition, command, Exception(reason), source)
         metrics = self.ctx.metrics
         metrics.child(metrics.commands, topic, outcome.split(":")[0]).inc()
-        self.ctx.metrics.decision_seconds.observe(time.perf_counter() - began)
+        metrics.decision_seconds.observe(time.perf_counter() - began)
 
     def _decode(self, message: Any) -> CommandMessage:
         """The command a record holds (within the size limit)."""
