@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import Field, field_validator
 
@@ -56,6 +56,13 @@ class Settings(FrozenModel):
     #: A processor that sent no heartbeat for this long loses its partitions (heartbeats every
     #: tenth of it). Raised to the brokers' ``group.min.session.timeout.ms`` if below.
     session_timeout_ms: int = Field(default=1_500, ge=1000)
+    #: The consumer group protocol. ``classic``: the member counts its session from the last
+    #: heartbeat the coordinator answered. ``consumer`` (KIP-848, Kafka 4): the coordinator
+    #: counts it from the last heartbeat it received, and the processor sets the group's
+    #: ``consumer.session.timeout.ms`` to ``session_timeout_ms``. ``auto``: ``consumer`` where
+    #: the brokers offer it and their ``group.consumer.min.session.timeout.ms`` allows the
+    #: session (45 s unless lowered), else ``classic``.
+    group_protocol: Literal["auto", "classic", "consumer"] = "auto"
     max_poll_interval_ms: int = Field(default=60_000, ge=1000)
     #: How long one loop iteration takes decisions before its transaction is sealed (steps'
     #: outcomes first, then new commands; what is left waits for the next iteration).

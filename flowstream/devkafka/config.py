@@ -64,14 +64,27 @@ def server_properties(node: NodeSpec, nodes: Sequence[NodeSpec], data_dir: Path)
         # the last stable offset of every partition it wrote to, is aborted soon after its
         # transaction.timeout.ms.
         ("group.min.session.timeout.ms", 1000),
+        # The same floors for groups of the consumer protocol (KIP-848), which keep their
+        # session at the coordinator (defaults 45 s and 5 s).
+        ("group.consumer.min.session.timeout.ms", 1000),
+        ("group.consumer.min.heartbeat.interval.ms", 100),
         ("transaction.abort.timed.out.transaction.cleanup.interval.ms", 500),
-        # A killed node is fenced after 3 s rather than 9 s (heartbeats every 500 ms rather than
-        # 2 s). Until it is fenced it stays in the in-sync replicas of the partitions it
-        # follows, and every write to them (acks=all) waits: that wait is most of what a broker
-        # SIGKILL costs the partitions it did not lead.
+        # A killed node is fenced after 3 s (2 s in a cluster) rather than 9 s (heartbeats every
+        # 500 ms rather than 2 s). Until it is fenced it stays in the in-sync replicas of the
+        # partitions it follows, and every write to them (acks=all) waits: that wait is most of
+        # what a broker SIGKILL costs the partitions it did not lead.
         ("broker.heartbeat.interval.ms", 500),
-        ("broker.session.timeout.ms", 3000),
+        ("broker.session.timeout.ms", 3000 if replicas == 1 else 2000),
     ]
+    if replicas > 1:
+        # A killed node that was the active controller: the others stand for election after
+        # 1 s without news from it (default 2 s) and within 0.5 s more (default 1 s); the new
+        # controller then fences the dead node once its session (2 s) ran out.
+        settings += [
+            ("controller.quorum.fetch.timeout.ms", 1000),
+            ("controller.quorum.election.timeout.ms", 500),
+            ("controller.quorum.election.backoff.max.ms", 500),
+        ]
     lines = ["# Written by flowstream dev-kafka; rewritten on every start."]
     lines += [f"{key}={value}" for key, value in settings]
     return "\n".join(lines) + "\n"

@@ -35,7 +35,9 @@ from confluent_kafka import (
 # The stubs of confluent_kafka.admin do not mark these public names as re-exported.
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
+    AlterConfigOpType,
     ClusterMetadata,
+    ConfigEntry,
     ConfigResource,
     NewTopic,
     OffsetSpec,
@@ -47,7 +49,9 @@ __all__ = [
     "PRODUCER_DEFAULTS",
     "TRANSACTIONAL_PRODUCER_DEFAULTS",
     "AdminClient",
+    "AlterConfigOpType",
     "ClusterMetadata",
+    "ConfigEntry",
     "ConfigResource",
     "Consumer",
     "ConsumerGroupTopicPartitions",
@@ -98,7 +102,6 @@ CONSUMER_DEFAULTS: Mapping[str, Any] = {
     "enable.auto.commit": False,
     "enable.auto.offset.store": False,
     "auto.offset.reset": "earliest",
-    "partition.assignment.strategy": "range",
 }
 
 

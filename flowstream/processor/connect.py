@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from flowstream.errors import InstanceInUseError
@@ -16,7 +17,7 @@ from flowstream.topology import DEADLETTER, EVENTS, TopologyError
 if TYPE_CHECKING:
     from flowstream.processor.worker import Processor
 
-__all__ = ["connect_clients", "debug_config", "session_timeout_ms"]
+__all__ = ["Membership", "connect_clients", "debug_config", "membership", "session_timeout_ms"]
 
 LOG = logging.getLogger("flowstream.processor")
 
@@ -36,8 +37,8 @@ def connect_clients(processor: Processor) -> None:
     ctx = processor.ctx
     admin = clients.new_admin(s.bootstrap)
     brokers = verify_topics(processor, admin)
-    session_ms = session_timeout_ms(s, admin, brokers)
-    refuse_instance_in_use(s, admin, session_ms)
+    member = membership(s, admin, brokers)
+    refuse_instance_in_use(s, admin, member.session_ms)
     processor.pipeline.start()
     processor.tasks.fence = OwnerFence(
         ctx,
@@ -45,17 +46,16 @@ def connect_clients(processor: Processor) -> None:
         lambda: clients.new_consumer(s.bootstrap, s.group, {"isolation.level": "read_uncommitted"}),
     )
     processor.tasks.fence.prepare(processor.tasks.command_topics[0])
+    if member.protocol == "consumer":
+        set_group_session(admin, s.group, member.session_ms, member.heartbeat_ms)
+    processor.tasks.incremental = member.protocol == "consumer"
     consumer = clients.new_consumer(
         s.bootstrap,
         s.group,
         {
             "client.id": client_id(s),
-            "session.timeout.ms": session_ms,
+            **member.consumer_config(),
             "max.poll.interval.ms": s.max_poll_interval_ms,
-            # A tenth of the session: a survivor hears of a rebalance (a member died) within
-            # 150 ms rather than at a fifth of the session, and a member misses nine
-            # heartbeats before it is expired.
-            "heartbeat.interval.ms": max(100, session_ms // 10),
             # Partitions resumed after a restore join the next fetch: a fetch waiting at the
             # broker for new records holds them back for this long at most (500 ms by default).
             "fetch.wait.max.ms": 100,
@@ -119,29 +119,141 @@ def verify_topics(processor: Processor, admin: Any) -> list[int]:
     return [int(broker) for broker in metadata.brokers]
 
 
-def session_timeout_ms(settings: Settings, admin: Any, brokers: list[int]) -> int:
-    """The configured session timeout, raised to the brokers' floor
+@dataclass(frozen=True)
+class Membership:
+    """How the processor's consumer is a member of its group."""
+
+    #: ``classic`` or ``consumer`` (KIP-848).
+    protocol: str
+    session_ms: int
+    heartbeat_ms: int
+
+    def consumer_config(self) -> dict[str, Any]:
+        if self.protocol == "consumer":
+            # The coordinator keeps the session (``set_group_session``) and assigns; its range
+            # assignor keeps the command topics co-partitioned like the classic one.
+            return {"group.protocol": "consumer", "group.remote.assignor": "range"}
+        return {
+            "partition.assignment.strategy": "range",  # co-partitioned command topics
+            "session.timeout.ms": self.session_ms,
+            "heartbeat.interval.ms": self.heartbeat_ms,
+        }
+
+
+#: Broker settings that decide the membership (``membership``).
+_FLOORS = (
+    "group.min.session.timeout.ms",
+    "group.consumer.min.session.timeout.ms",
+    "group.consumer.min.heartbeat.interval.ms",
+    "group.coordinator.rebalance.protocols",
+)
+
+
+def membership(settings: Settings, admin: Any, brokers: list[int]) -> Membership:
+    """The group protocol and session of this processor, from its settings and the brokers'.
+
+    ``auto`` takes the consumer protocol where the brokers offer it and allow the session asked
+    for: its coordinator counts the session from the last heartbeat it received, so a broker
+    that dies while it replicates the group's writes (which holds back every heartbeat's
+    answer) costs no member its partitions, as it does with the classic protocol. Otherwise
+    the classic protocol, its session raised to the brokers' floor
     (``group.min.session.timeout.ms``, 6 s unless lowered) instead of failing to join."""
     wanted = settings.session_timeout_ms
-    if not brokers:
-        return wanted
-    resource = clients.ConfigResource(clients.ResourceType.BROKER, str(min(brokers)))
-    try:
-        found = admin.describe_configs([resource], request_timeout=10)[resource].result(15)
-        floor = int(found["group.min.session.timeout.ms"].value)
-    except (clients.KafkaException, KeyError, TypeError, ValueError) as exc:
-        LOG.info("no group.min.session.timeout.ms (%s); asking for %d ms", exc, wanted)
-        return wanted
-    if wanted < floor:
+    found = _broker_configs(admin, brokers)
+    protocol = settings.group_protocol
+    if protocol == "auto":
+        offered = "consumer" in found.get("group.coordinator.rebalance.protocols", "").split(",")
+        floor = _number(found.get("group.consumer.min.session.timeout.ms"))
+        beat_floor = _number(found.get("group.consumer.min.heartbeat.interval.ms"))
+        allowed = floor is not None and floor <= wanted
+        allowed = allowed and beat_floor is not None and beat_floor <= _heartbeat(wanted)
+        protocol = "consumer" if offered and allowed else "classic"
+        LOG.info("group protocol %s (the brokers: %s)", protocol, found or "unknown")
+    name = (
+        "group.consumer.min.session.timeout.ms"
+        if protocol == "consumer"
+        else "group.min.session.timeout.ms"
+    )
+    session = wanted
+    floor = _number(found.get(name))
+    if floor is not None and wanted < floor:
         LOG.warning(
-            "session timeout %d ms is below the brokers' group.min.session.timeout.ms=%d: "
+            "session timeout %d ms is below the brokers' %s=%d: "
             "using %d ms (lower the brokers' floor for a faster failover)",
             wanted,
+            name,
             floor,
             floor,
         )
-        return floor
-    return wanted
+        session = floor
+    heartbeat = _heartbeat(session)
+    beat_floor = _number(found.get("group.consumer.min.heartbeat.interval.ms"))
+    if protocol == "consumer" and beat_floor is not None:
+        heartbeat = max(heartbeat, beat_floor)
+    return Membership(protocol, session, heartbeat)
+
+
+def session_timeout_ms(settings: Settings, admin: Any, brokers: list[int]) -> int:
+    """The session timeout ``membership`` settles on."""
+    return membership(settings, admin, brokers).session_ms
+
+
+def _heartbeat(session_ms: int) -> int:
+    # A tenth of the session: a survivor hears of a rebalance (a member died) within 150 ms
+    # rather than at a fifth of the session, and a member misses nine heartbeats before it is
+    # expired.
+    return max(100, session_ms // 10)
+
+
+def _number(value: str | None) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
+
+
+def _broker_configs(admin: Any, brokers: list[int]) -> dict[str, str]:
+    """The settings of ``_FLOORS`` the lowest-numbered broker reports (none it cannot)."""
+    if not brokers:
+        return {}
+    resource = clients.ConfigResource(clients.ResourceType.BROKER, str(min(brokers)))
+    try:
+        found = admin.describe_configs([resource], request_timeout=10)[resource].result(15)
+    except (clients.KafkaException, TypeError) as exc:
+        LOG.info("the brokers' group settings are unknown (%s)", exc)
+        return {}
+    return {
+        name: str(found[name].value)
+        for name in _FLOORS
+        if name in found and found[name].value is not None
+    }
+
+
+def set_group_session(admin: Any, group: str, session_ms: int, heartbeat_ms: int) -> None:
+    """With the consumer protocol the coordinator keeps the session: set the group's own
+    session timeout and heartbeat interval (group configs, Kafka 4)."""
+    entries = [
+        clients.ConfigEntry(
+            "consumer.session.timeout.ms",
+            str(session_ms),
+            incremental_operation=clients.AlterConfigOpType.SET,
+        ),
+        clients.ConfigEntry(
+            "consumer.heartbeat.interval.ms",
+            str(heartbeat_ms),
+            incremental_operation=clients.AlterConfigOpType.SET,
+        ),
+    ]
+    resource = clients.ConfigResource(
+        clients.ResourceType.GROUP, group, incremental_configs=entries
+    )
+    try:
+        admin.incremental_alter_configs([resource])[resource].result(15)
+    except clients.KafkaException as exc:
+        raise TopologyError(
+            f"group {group!r}: the brokers refused its session of {session_ms} ms "
+            f"(heartbeats every {heartbeat_ms} ms): {exc.args[0]}"
+        ) from None
 
 
 def refuse_instance_in_use(settings: Settings, admin: Any, session_ms: int) -> None:

@@ -139,12 +139,14 @@ class PartitionHost:
     ) -> None:
         if self.p.settings.eager_steps:
             start_steps = False  # each started as it was decided
+        leaving = self.p.tasks.leaving
         for task in sealed:
             if self.p.tasks.get(task.partition) is not task:
                 continue
             task.store.commit_sealed(events_end.get(task.partition))
             task.committed = task.sealed_positions
-            for item in task.sealed_outbox if start_steps else ():
+            starts = start_steps and task.partition not in leaving
+            for item in task.sealed_outbox if starts else ():
                 self.p.steps.start(task, item)
             task.sealed_outbox = []
 
@@ -173,7 +175,12 @@ class PartitionHost:
     def retake(self, retake: bool) -> None:
         tasks = self.p.tasks
         self.p.forget_backlog()
-        taken = self.p.consumer.assignment() if retake else []
+        leaving = tasks.leaving
+        taken = (
+            [tp for tp in self.p.consumer.assignment() if tp.partition not in leaving]
+            if retake
+            else []
+        )
         tasks.drop(set(tasks.owned))
         if taken:
             tasks.take(taken, seek=True)

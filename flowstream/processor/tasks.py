@@ -100,6 +100,10 @@ class TaskManager:
         self.on_taken: Callable[[set[int]], None] = lambda partitions: None
         #: Aborts what a gone previous owner left open (set once connected).
         self.fence: OwnerFence | None = None
+        #: The consumer protocol (KIP-848): assignments come and go as changes.
+        self.incremental = False
+        #: Partitions being revoked (during ``on_revoke``): a reset does not take them again.
+        self.leaving: set[int] = set()
         #: Readies the restore's reader, on the opening thread (set once connected).
         self.warm: Callable[[], None] = lambda: None
 
@@ -166,6 +170,9 @@ class TaskManager:
             if seek:
                 for tp in at:
                     consumer.seek(tp)
+            elif self.incremental:
+                consumer.incremental_assign(at)  # the protocol hands out changes only
+                consumer.pause(at)
             else:
                 consumer.assign(at)
                 consumer.pause(at)

@@ -261,16 +261,22 @@ class Processor:
             return []
         return [first, *self.consumer.consume(num_messages=499, timeout=0)]
 
-    def forget_backlog(self) -> None:
+    def forget_backlog(self, partitions: set[int] | None = None) -> None:
         """Consumed commands not applied yet are read again (an abort rewound the consumer, or
-        the partitions were dropped and taken again)."""
-        self._backlog.clear()
+        the partitions were dropped and taken again); ``partitions``: only theirs (the others
+        stay assigned where they are)."""
+        if partitions is None:
+            self._backlog.clear()
+        else:
+            kept = [m for m in self._backlog if m.partition() not in partitions]
+            self._backlog = deque(kept)
 
     # -- rebalance (callbacks run inside the consumer's poll) -----------------------------------
 
     def on_assign(self, consumer: Any, assigned: list[Any]) -> None:
         self.pipeline.forget_metadata()
-        self.forget_backlog()
+        if not self.tasks.incremental:
+            self.forget_backlog()  # an eager assignment follows the revocation of all
         try:
             if not assigned:
                 return
@@ -280,14 +286,23 @@ class Processor:
             self._fatal = exc
 
     def on_revoke(self, consumer: Any, revoked: list[Any]) -> None:
+        """Commit, then give the partitions up. With the consumer protocol only some may go:
+        the others keep their backlog, and a commit that fails takes them again."""
         self.pipeline.forget_metadata()
-        self.forget_backlog()
-        LOG.info("revoked partitions %s", sorted({tp.partition for tp in revoked}))
+        gone = {tp.partition for tp in revoked}
+        incremental = self.tasks.incremental
+        self.forget_backlog(gone if incremental else None)
+        LOG.info("revoked partitions %s", sorted(gone))
+        self.tasks.leaving = gone
         try:
-            self.pipeline.commit_all(start_steps=False, retake=False)
+            # The partitions that stay start the steps their commit holds (``settled`` skips
+            # the leaving ones: their next owner starts what its restore shows running).
+            self.pipeline.commit_all(start_steps=incremental, retake=incremental)
         except BaseException as exc:
             self._fatal = exc
-        self.tasks.drop({tp.partition for tp in revoked})
+        finally:
+            self.tasks.leaving = set()
+        self.tasks.drop(gone)
         self._retire()
 
     def on_lost(self, consumer: Any, lost: list[Any]) -> None:

@@ -51,6 +51,8 @@ ONE_NODE_KEYS = (
     "transaction.state.log.min.isr",
     "group.initial.rebalance.delay.ms",
     "group.min.session.timeout.ms",
+    "group.consumer.min.session.timeout.ms",
+    "group.consumer.min.heartbeat.interval.ms",
     "transaction.abort.timed.out.transaction.cleanup.interval.ms",
     "min.insync.replicas",
     "default.replication.factor",

@@ -25,7 +25,13 @@ def main(bootstrap: str, prefix: str, group: str, partitions: int) -> None:
         f"{prefix}.{name}" for name in (CMD_START, CMD_SIGNAL, CMD_HOOK, CMD_CANCEL, CMD_TIMER)
     ]
     consumer = clients.new_consumer(
-        bootstrap, group, {"session.timeout.ms": 2000, "heartbeat.interval.ms": 400}
+        bootstrap,
+        group,
+        {
+            "session.timeout.ms": 2000,
+            "heartbeat.interval.ms": 400,
+            "partition.assignment.strategy": "range",
+        },
     )
     consumer.subscribe(commands)
     while len(consumer.assignment()) < len(commands) * partitions:

@@ -30,30 +30,13 @@ def test_losing_one_of_three_brokers_loses_nothing(
     kafka3_cluster: Cluster, unique_prefix: str, tmp_path: Path
 ) -> None:
     bootstrap = kafka3_cluster.bootstrap
-    deadline = time.monotonic() + 90
-    while len(probe_brokers(bootstrap, 5) or ()) < 3:  # every node registered with the quorum
-        assert time.monotonic() < deadline, "the three brokers did not all register"
-        time.sleep(0.5)
-    apply_topics(bootstrap, unique_prefix, replication_factor=3)
-    workers = [
-        Worker(
-            name,
-            bootstrap=bootstrap,
-            prefix=unique_prefix,
-            group=f"{unique_prefix}-group",
-            state_dir=tmp_path / "state",
-            step_log=tmp_path / "steps.jsonl",
-            # Leader elections take seconds: keep transactions open long enough to ride them out.
-            extra_env={
-                "FLOWSTREAM_TRANSACTION_TIMEOUT_MS": "30000",
-                "FLOWSTREAM_SESSION_TIMEOUT_MS": "10000",
-            },
-        )
-        for name in ("b1", "b2")
-    ]
-    client = FlowClient(
-        Settings(bootstrap=bootstrap, topic_prefix=unique_prefix, group=f"{unique_prefix}-c"),
-        wait=False,
+    # Leader elections take seconds: keep transactions open long enough to ride them out.
+    workers, client = _deploy(
+        kafka3_cluster,
+        unique_prefix,
+        tmp_path,
+        ("b1", "b2"),
+        {"FLOWSTREAM_TRANSACTION_TIMEOUT_MS": "30000", "FLOWSTREAM_SESSION_TIMEOUT_MS": "10000"},
     )
     victim = 0
     try:
@@ -64,16 +47,9 @@ def test_losing_one_of_three_brokers_loses_nothing(
         # The node that coordinates the processors' group dies: every transaction sends its
         # positions there, and librdkafka may never return from that call once it is gone.
         victim = _group_coordinator(bootstrap, f"{unique_prefix}-group")
-        before_kill = len(load.run_ids)
-        kafka3_cluster.kill_node(victim)
         # Starts to partitions the dead node led wait until it is fenced and a new leader is
-        # elected (broker.session.timeout.ms, 3 s), and the load thread waits for each start.
-        wait_until(
-            lambda: len(load.run_ids) > before_kill + 40,
-            90,
-            "no run was started while a broker was down",
-        )
-        run_ids = load.stop()
+        # elected (broker.session.timeout.ms), and the load thread waits for each start.
+        before_kill, run_ids = _kill_under_load(kafka3_cluster, victim, load, 40)
         assert before_kill > 10
         try:
             results = client.wait_all(run_ids, timeout=240)
@@ -86,11 +62,56 @@ def test_losing_one_of_three_brokers_loses_nothing(
         assert_no_duplicate_sequences(records)
         assert {r for r, _, t, _ in records if t == "run_completed"} >= set(run_ids)
     finally:
-        client.close()
-        for worker in workers:
-            worker.stop()
-        if victim:
-            kafka3_cluster.start_node(victim)
+        _tear_down(kafka3_cluster, client, workers, victim)
+
+
+def _deploy(
+    cluster: Cluster, prefix: str, tmp_path: Path, names: tuple[str, ...], env: dict[str, str]
+) -> tuple[list[Worker], FlowClient]:
+    """Topics with three replicas once every node registered, workers of one group, a client."""
+    bootstrap = cluster.bootstrap
+    deadline = time.monotonic() + 90
+    while len(probe_brokers(bootstrap, 5) or ()) < 3:  # every node registered with the quorum
+        assert time.monotonic() < deadline, "the three brokers did not all register"
+        time.sleep(0.5)
+    apply_topics(bootstrap, prefix, replication_factor=3)
+    workers = [
+        Worker(
+            name,
+            bootstrap=bootstrap,
+            prefix=prefix,
+            group=f"{prefix}-group",
+            state_dir=tmp_path / "state",
+            step_log=tmp_path / "steps.jsonl",
+            extra_env=env,
+        )
+        for name in names
+    ]
+    client = FlowClient(
+        Settings(bootstrap=bootstrap, topic_prefix=prefix, group=f"{prefix}-c"), wait=False
+    )
+    return workers, client
+
+
+def _tear_down(cluster: Cluster, client: FlowClient, workers: list[Worker], victim: int) -> None:
+    client.close()
+    for worker in workers:
+        worker.stop()
+    if victim:
+        cluster.start_node(victim)
+
+
+def _kill_under_load(cluster: Cluster, victim: int, load: Load, more: int) -> tuple[int, list[str]]:
+    """Kill ``victim``, wait for ``more`` starts after it, stop the load: the runs started
+    before the kill and every run started."""
+    before_kill = len(load.run_ids)
+    cluster.kill_node(victim)
+    wait_until(
+        lambda: len(load.run_ids) > before_kill + more,
+        90,
+        "no run was started while a broker was down",
+    )
+    return before_kill, load.stop()
 
 
 def _group_coordinator(bootstrap: str, group: str) -> int:
@@ -113,3 +134,41 @@ def _diagnosis(client: FlowClient, run_ids: list[str], workers: list[Worker]) ->
         stacks = worker.stacks()
         parts.append(f"--- {worker.name}\n{worker.output()[-12000:]}\n{stacks[-6000:]}")
     return "\n".join(parts)
+
+
+def test_a_dead_follower_costs_no_worker_its_partitions(
+    kafka3_cluster: Cluster, unique_prefix: str, tmp_path: Path
+) -> None:
+    """A broker that is not the group's coordinator dies. Until it leaves the in-sync replicas
+    the coordinator answers no heartbeat (each waits for the group's earlier writes to
+    replicate); with the classic protocol and the default 1.5 s session every member then
+    timed out on its own and gave its partitions up (``SESSTMOUT``, a rebalance on top of the
+    broker's loss). With the consumer protocol the coordinator counts the session from the
+    heartbeats it received: no member loses a partition."""
+    bootstrap = kafka3_cluster.bootstrap
+    group = f"{unique_prefix}-group"
+    workers, client = _deploy(kafka3_cluster, unique_prefix, tmp_path, ("f1", "f2"), {})
+    victim = 0
+    try:
+        load = Load(client, SPEC, "follower", rate=20, options={"step_sleep_ms": 50})
+        assert client.wait("follower-0000", timeout=120).status.value == "completed"
+        wait_until(
+            lambda: (
+                all("assigned partitions" in w.output() for w in workers) or len(load.run_ids) > 60
+            ),
+            60,
+            "the workers did not settle",
+        )
+        time.sleep(3)
+        coordinator = _group_coordinator(bootstrap, group)
+        victim = next(n.node_id for n in kafka3_cluster.nodes if n.node_id != coordinator)
+        settled = [len(w.output()) for w in workers]
+        run_ids = _kill_under_load(kafka3_cluster, victim, load, 60)[1]
+        results = client.wait_all(run_ids, timeout=240)
+        assert {r.status.value for r in results.values()} == {"completed"}
+        for worker, start in zip(workers, settled, strict=True):
+            since = worker.output()[start:]
+            assert "SESSTMOUT" not in since, since[-3000:]
+            assert "lost partitions" not in since, since[-3000:]
+    finally:
+        _tear_down(kafka3_cluster, client, workers, victim)
