@@ -94,6 +94,11 @@ TRANSACTIONAL_PRODUCER_DEFAULTS: Mapping[str, Any] = {
     "retry.backoff.ms": 2,
     "retry.backoff.max.ms": 10,
     "socket.nagle.disable": True,
+    # A transaction coordinator that died is looked up again only when the connection to it
+    # changes state, and librdkafka waits up to reconnect.backoff.max.ms (10 s by default)
+    # between attempts to reach it: a producer learnt its new coordinator seconds after the
+    # controller had moved it. Try at least once a second.
+    "reconnect.backoff.max.ms": 1000,
 }
 
 #: Settings of every consumer: offsets are committed explicitly, inside transactions or not.

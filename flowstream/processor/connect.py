@@ -59,6 +59,9 @@ def connect_clients(processor: Processor) -> None:
             # Partitions resumed after a restore join the next fetch: a fetch waiting at the
             # broker for new records holds them back for this long at most (500 ms by default).
             "fetch.wait.max.ms": 100,
+            # A dead group coordinator is found again as soon as one attempt to reach it fails
+            # (TRANSACTIONAL_PRODUCER_DEFAULTS says why): not after up to 10 s.
+            "reconnect.backoff.max.ms": 1000,
             **debug_config(s),
         },
     )
