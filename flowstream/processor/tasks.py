@@ -151,8 +151,11 @@ class TaskManager:
                 position = tp.offset
                 if position < 0:
                     where = clients.TopicPartition(tp.topic, tp.partition)
+                    # A topic created moments ago may not be known to this client yet (the
+                    # consumer protocol assigns within a second of joining): wait up to 20 s.
                     low, _ = patiently(
-                        functools.partial(self.watermarks.get_watermark_offsets, where, timeout=10)
+                        functools.partial(self.watermarks.get_watermark_offsets, where, timeout=10),
+                        attempts=40,
                     )
                     position = low
                 by_partition.setdefault(tp.partition, {})[tp.topic] = position
