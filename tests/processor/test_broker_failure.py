@@ -143,11 +143,13 @@ def test_a_dead_follower_costs_no_worker_its_partitions(
     the coordinator answers no heartbeat (each waits for the group's earlier writes to
     replicate); with the classic protocol and the default 1.5 s session every member then
     timed out on its own and gave its partitions up (``SESSTMOUT``, a rebalance on top of the
-    broker's loss). With the consumer protocol the coordinator counts the session from the
-    heartbeats it received: no member loses a partition."""
+    broker's loss). With the consumer protocol (``auto``) the coordinator counts the session
+    from the heartbeats it received: no member loses a partition."""
     bootstrap = kafka3_cluster.bootstrap
     group = f"{unique_prefix}-group"
-    workers, client = _deploy(kafka3_cluster, unique_prefix, tmp_path, ("f1", "f2"), {})
+    workers, client = _deploy(
+        kafka3_cluster, unique_prefix, tmp_path, ("f1", "f2"), {"FLOWSTREAM_GROUP_PROTOCOL": "auto"}
+    )
     victim = 0
     try:
         load = Load(client, SPEC, "follower", rate=20, options={"step_sleep_ms": 50})

@@ -103,7 +103,8 @@ KAFKA4 = {
 def test_auto_takes_the_consumer_protocol_where_the_brokers_allow_the_session(
     more: dict[str, str], wanted: int, chosen: Membership
 ) -> None:
-    got = membership(Settings(session_timeout_ms=wanted), _Admin(6000, **more), [1])
+    asked = Settings(group_protocol="auto", session_timeout_ms=wanted)
+    got = membership(asked, _Admin(6000, **more), [1])
     assert got == chosen
 
 
