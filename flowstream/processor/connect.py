@@ -163,11 +163,11 @@ def membership(settings: Settings, admin: Any, brokers: list[int]) -> Membership
     (``group.min.session.timeout.ms``, 6 s unless lowered) instead of failing to join."""
     wanted = settings.session_timeout_ms
     found = _broker_configs(admin, brokers)
+    beat_floor = _number(found.get("group.consumer.min.heartbeat.interval.ms"))
     protocol = settings.group_protocol
     if protocol == "auto":
         offered = "consumer" in found.get("group.coordinator.rebalance.protocols", "").split(",")
         floor = _number(found.get("group.consumer.min.session.timeout.ms"))
-        beat_floor = _number(found.get("group.consumer.min.heartbeat.interval.ms"))
         allowed = floor is not None and floor <= wanted
         allowed = allowed and beat_floor is not None and beat_floor <= _heartbeat(wanted)
         protocol = "consumer" if offered and allowed else "classic"
@@ -190,7 +190,6 @@ def membership(settings: Settings, admin: Any, brokers: list[int]) -> Membership
         )
         session = floor
     heartbeat = _heartbeat(session)
-    beat_floor = _number(found.get("group.consumer.min.heartbeat.interval.ms"))
     if protocol == "consumer" and beat_floor is not None:
         heartbeat = max(heartbeat, beat_floor)
     return Membership(protocol, session, heartbeat)

@@ -173,11 +173,9 @@ class TaskManager:
             if seek:
                 for tp in at:
                     consumer.seek(tp)
-            elif self.incremental:
-                consumer.incremental_assign(at)  # the protocol hands out changes only
-                consumer.pause(at)
             else:
-                consumer.assign(at)
+                # The consumer protocol hands assignments out as changes only.
+                (consumer.incremental_assign if self.incremental else consumer.assign)(at)
                 consumer.pause(at)
             opened = opening.result()
         except BaseException:
