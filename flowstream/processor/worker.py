@@ -190,6 +190,7 @@ class Processor:
                 self._backlog.extend(messages[at:])  # the next iteration, after a seal
                 break
             await self.commands.handle(message)
+            self.steps.make_way()
         await self.steps.chain(deadline=until)
         self.timers.fire()
         await self.commands.inbox.expire(self.tasks.active())

@@ -91,6 +91,8 @@ class ThreeSteps:
         if options.get("hold_file"):  # the test creates it to let held steps finish
             while not os.path.exists(str(options["hold_file"])):
                 time.sleep(0.02)
+        for _ in range(int(options.get("step_io", 0))):  # short system calls, as a client makes
+            os.stat(".")
         if options.get("flaky") == invocation.step_id and invocation.attempt == 1:
             raise ConnectionError("flaky dependency")
         return {"step": invocation.step_id, "attempt": invocation.attempt, "n": len(str(origin))}
