@@ -35,7 +35,8 @@ LEFT_AT_LEAST = 1000
 # service does: its thread needs the interpreter lock back after each. With the loop taking
 # decisions beside it and never letting a waiting thread in, such a step took 0.66 s and 1.07 s
 # in two of three runs (1,627 and 2,560 starts decided meanwhile: both failed); letting it in
-# between decisions (``StepRunner.make_way``), 8-25 ms and 0-48 starts in five runs.
+# between decisions once a step has run 50 ms (``StepRunner.make_way``), 2-69 ms and at most 272
+# starts for the three steps in five runs.
 STEP_IO = 1000
 
 
