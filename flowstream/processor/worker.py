@@ -281,7 +281,11 @@ class Processor:
         try:
             if not assigned:
                 return
-            LOG.info("assigned partitions %s", sorted({tp.partition for tp in assigned}))
+            new = {tp.partition for tp in assigned}
+            # The consumer protocol assigns changes: the line says what is owned then, too.
+            LOG.info(
+                "assigned partitions %s; owns %s", sorted(new), sorted({*self.tasks.owned, *new})
+            )
             self.tasks.take(assigned)  # assigns them to the consumer, paused
         except BaseException as exc:  # surfaced by the loop; callbacks must not raise
             self._fatal = exc
@@ -293,7 +297,9 @@ class Processor:
         gone = {tp.partition for tp in revoked}
         incremental = self.tasks.incremental
         self.forget_backlog(gone if incremental else None)
-        LOG.info("revoked partitions %s", sorted(gone))
+        LOG.info(
+            "revoked partitions %s; owns %s", sorted(gone), sorted(set(self.tasks.owned) - gone)
+        )
         self.tasks.leaving = gone
         try:
             # The partitions that stay start the steps their commit holds (``settled`` skips
@@ -309,7 +315,10 @@ class Processor:
     def on_lost(self, consumer: Any, lost: list[Any]) -> None:
         self.pipeline.forget_metadata()
         self.forget_backlog()
-        LOG.warning("lost partitions %s", sorted({tp.partition for tp in lost}))
+        gone = {tp.partition for tp in lost}
+        LOG.warning(
+            "lost partitions %s; owns %s", sorted(gone), sorted(set(self.tasks.owned) - gone)
+        )
         try:
             if self.pipeline.active():
                 # Never wait on a call that may hang (a dead coordinator): the partitions are
@@ -317,7 +326,7 @@ class Processor:
                 self.pipeline.abort("partitions lost", retake=False, patience=0.5)
         except BaseException as exc:
             self._fatal = exc
-        self.tasks.drop({tp.partition for tp in lost})
+        self.tasks.drop(gone)
         self._retire()
 
     def _retire(self) -> None:

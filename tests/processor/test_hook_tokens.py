@@ -357,11 +357,12 @@ def _metrics_page(port: int) -> str:
 
 
 def _assigned(worker: Any) -> set[int] | None:
-    """The partitions ``worker`` owns by its log's last assignment (``None`` before one)."""
-    lines = [line for line in worker.output().splitlines() if "assigned partitions [" in line]
+    """The partitions ``worker`` owns by its log's last change of them (``None`` before one):
+    with the consumer protocol an assignment names only the partitions it adds."""
+    lines = [line for line in worker.output().splitlines() if " partitions [" in line]
     if not lines:
         return None
-    inside = lines[-1].rsplit("[", 1)[1].rstrip("]")
+    inside = lines[-1].rsplit("; owns [", 1)[1].rstrip("]")
     return {int(p) for p in inside.split(",") if p.strip()}
 
 
