@@ -61,10 +61,8 @@ class Settings(FrozenModel):
     #: counts it from the last heartbeat it received, and the processor sets the group's
     #: ``consumer.session.timeout.ms`` to ``session_timeout_ms``. ``auto``: ``consumer`` where
     #: the brokers offer it and their ``group.consumer.min.session.timeout.ms`` allows the
-    #: session (45 s unless lowered), else ``classic``. The default stays ``classic`` until a
-    #: SIGSTOPped member's partitions are shown to move under the consumer protocol (session T:
-    #: ``tests/processor/test_hook_tokens.py``'s frozen owner was never taken over in CI).
-    group_protocol: Literal["auto", "classic", "consumer"] = "classic"
+    #: session (45 s unless lowered), else ``classic``.
+    group_protocol: Literal["auto", "classic", "consumer"] = "auto"
     max_poll_interval_ms: int = Field(default=60_000, ge=1000)
     #: How long one loop iteration takes decisions before its transaction is sealed (steps'
     #: outcomes first, then new commands; what is left waits for the next iteration).

@@ -1,8 +1,8 @@
-"""The processor's group protocol against the real broker: with ``auto`` the consumer protocol
-(KIP-848) where the brokers allow the session, with the group's session set at the coordinator;
-the classic one by default. Runs complete either way, and a second worker takes its share
-of the partitions while runs are under way (the consumer protocol hands assignments out as
-changes: the partitions the first keeps go on)."""
+"""The processor's group protocol against the real broker: by default (``auto``) the consumer
+protocol (KIP-848) where the brokers allow the session, with the group's session set at the
+coordinator; the classic one when asked for. Runs complete either way, and a second worker takes
+its share of the partitions while runs are under way (the consumer protocol hands assignments out
+as changes: the partitions the first keeps go on)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def _group_session(bootstrap: str, group: str) -> str | None:
     return None if entry is None else str(entry.value)
 
 
-@pytest.mark.parametrize(("asked", "expected"), [("auto", "CONSUMER"), (None, "CLASSIC")])
+@pytest.mark.parametrize(("asked", "expected"), [(None, "CONSUMER"), ("classic", "CLASSIC")])
 def test_the_group_protocol_follows_the_setting_and_the_brokers(
     kafka_bootstrap: str, unique_prefix: str, tmp_path: Path, asked: str | None, expected: str
 ) -> None:
