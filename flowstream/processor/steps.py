@@ -67,6 +67,9 @@ class StepRunner:
             max_workers=settings.step_concurrency, thread_name_prefix="flowstream-step"
         )
         self.wake = asyncio.Event()
+        #: The processor's event loop (set when it runs): a start asked for from another thread
+        #: is handed to it.
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def forget(self, partitions: set[int]) -> None:
         """Partitions taken again: outcomes held for partitions not among them are dropped."""
@@ -87,7 +90,15 @@ class StepRunner:
     def start(self, task: PartitionTask, item: StepItem) -> None:
         """Start a task for the attempt unless ``task`` has one, or a task of an earlier owner
         of the partition (before a rebalance or a reset) runs its handler: its outcome comes to
-        ``task``, or, if it never starts, ``_hand_over`` starts it here."""
+        ``task``, or, if it never starts, ``_hand_over`` starts it here.
+
+        A rebalance callback may ask from the thread the loop waits on for a command (with the
+        consumer protocol a revocation starts the steps the staying partitions' commit holds):
+        the start is handed to the loop, where the step's task can be created."""
+        loop = self.loop
+        if loop is not None and not _runs_on(loop):
+            loop.call_soon_threadsafe(self.start, task, item)
+            return
         if item in task.inflight or (task.partition, *item) in self.handling:
             return
         task.inflight.add(item)
@@ -254,3 +265,11 @@ class StepRunner:
         for future in self.running:
             future.cancel()
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _runs_on(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether the calling thread is running ``loop``."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False

@@ -132,7 +132,7 @@ class Processor:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Process until ``stop`` is set; commits what is open and leaves the group cleanly."""
-        self._loop = asyncio.get_running_loop()
+        self._loop = self.steps.loop = asyncio.get_running_loop()
         self.pipeline.on_done = self._wake_loop
         connect_clients(self)
         try:
