@@ -78,13 +78,10 @@ def connect_clients(processor: Processor) -> None:
     processor.restorer.warm()
     processor.tasks.warm = processor.restorer.warm
 
-    def new_watermarks() -> Any:
-        return clients.new_consumer(
-            s.bootstrap, f"{s.group}-watermarks-unused", {"isolation.level": "read_uncommitted"}
-        )
-
-    processor.tasks.new_watermarks = new_watermarks
-    processor.tasks.watermarks = new_watermarks()
+    processor.restorer.targets.admin = admin
+    processor.tasks.watermarks = clients.new_consumer(
+        s.bootstrap, f"{s.group}-watermarks-unused", {"isolation.level": "read_uncommitted"}
+    )
     del ctx
     consumer.subscribe(
         processor.tasks.command_topics,

@@ -40,7 +40,10 @@ __all__ = ["StateRestorer", "Targets"]
 LOG = logging.getLogger("flowstream.processor")
 
 #: A restore target (high watermark) that could not be read is asked for again after this long.
-_TARGET_RETRY_S = 0.5
+_TARGET_RETRY_S = 0.2
+#: How long one ask for a partition's watermarks may take. A request to a leader that died
+#: times out; the admin client then looks the leader up again and asks it once more.
+_TARGET_TIMEOUT_S = 1.0
 #: How long a slice waits for the targets it just asked for.
 _TARGET_WAIT_S = 0.05
 #: A partition at most this many records behind its restore target is fetched before the others.
@@ -268,17 +271,23 @@ class StateRestorer:
 
 
 class Targets:
-    """The events partitions' high watermarks, asked for on threads, every partition on its
-    own: a partition whose leader is gone (a broker down) waits for an answer without holding
-    back the others' restores, nor the loop, nor the transactions of the active partitions."""
+    """The events partitions' watermarks, asked for with the admin client, every partition in
+    requests of its own: a partition whose leader is gone (a broker down) waits for an answer
+    without holding back the others' restores, nor the loop, nor the transactions of the
+    active partitions.
+
+    Not a consumer's ``get_watermark_offsets``: one client's queries wait behind each other, so
+    every partition asked with one led by a killed broker waited out that query's timeout
+    (measured: answers at 5, 10 and 15 s for a 5 s timeout), and the client kept asking the
+    dead broker after its partitions had moved. The admin client learns a moved leader within
+    a request's time."""
 
     def __init__(self, tasks: TaskManager) -> None:
         self.tasks = tasks
-        self._asked: dict[int, tuple[PartitionTask, Future[tuple[int, int]]]] = {}
+        #: The admin client the watermarks are asked with (set when connecting).
+        self.admin: Any = None
+        self._asked: dict[int, tuple[PartitionTask, Future[Any], Future[Any]]] = {}
         self._retry_at: dict[int, float] = {}
-        #: Partitions whose last query failed: asked again with a fresh client.
-        self._fresh: set[int] = set()
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="flowstream-targets")
         self._nudger = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowstream-wake")
         self._nudge: Future[None] | None = None
 
@@ -286,46 +295,40 @@ class Targets:
         """Ask for the targets of ``tasks`` not asked for yet; waits a moment for the answers
         (a healthy broker's come in milliseconds: this slice goes on with them)."""
         now = time.monotonic()
-        new = []
+        new: list[Future[Any]] = []
         for task in tasks:
             asked = self._asked.get(task.partition)
             if asked is not None and asked[0] is task:
                 continue
             if now < self._retry_at.get(task.partition, 0.0):
                 continue
-            fresh = task.partition in self._fresh
-            self._fresh.discard(task.partition)
-            future = self._pool.submit(self._query, task.partition, fresh)
-            self._asked[task.partition] = (task, future)
-            new.append(future)
+            tp = clients.TopicPartition(self.tasks.ctx.topics[EVENTS], task.partition)
+            low, high = self._offset(tp, latest=False), self._offset(tp, latest=True)
+            self._asked[task.partition] = (task, low, high)
+            new += [low, high]
         if new:
             wait(new, timeout=_TARGET_WAIT_S)
 
-    def _query(self, partition: int, fresh: bool) -> tuple[int, int]:
-        tp = clients.TopicPartition(self.tasks.ctx.topics[EVENTS], partition)
-        # After a failure the shared client's view of the partition may be stale (a leader
-        # moved while a broker was down, the partition unknown since): a fresh one asks.
-        client = self.tasks.new_watermarks() if fresh else self.tasks.watermarks
-        try:
-            low, high = client.get_watermark_offsets(tp, timeout=5, cached=False)
-        finally:
-            if fresh:
-                with contextlib.suppress(Exception):
-                    client.close()
-        return int(low), int(high)
+    def _offset(self, tp: Any, *, latest: bool) -> Future[Any]:
+        # One partition per request: a request's answer waits for its slowest leader.
+        specs: Any = clients.OffsetSpec
+        return self.admin.list_offsets(  # type: ignore[no-any-return]
+            {tp: specs.latest() if latest else specs.earliest()},
+            isolation_level=clients.IsolationLevel.READ_UNCOMMITTED,
+            request_timeout=_TARGET_TIMEOUT_S,
+        )[tp]
 
     def answer(self, task: PartitionTask) -> tuple[int, int] | None:
         """The (low, high) watermarks asked for ``task``, once answered; ``None`` until then.
         Raises what the broker answered instead (asked again a moment later)."""
         asked = self._asked.get(task.partition)
-        if asked is None or asked[0] is not task or not asked[1].done():
+        if asked is None or asked[0] is not task or not (asked[1].done() and asked[2].done()):
             return None
         del self._asked[task.partition]
         try:
-            return asked[1].result()
+            return int(asked[1].result().offset), int(asked[2].result().offset)
         except clients.KafkaException:
             self._retry_at[task.partition] = time.monotonic() + _TARGET_RETRY_S
-            self._fresh.add(task.partition)
             raise
 
     def wake(self, consumer: Any, resumed: list[Any]) -> None:
@@ -347,5 +350,4 @@ class Targets:
         self._nudge = self._nudger.submit(nudge)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
         self._nudger.shutdown(wait=True, cancel_futures=True)  # a second at most

@@ -93,9 +93,8 @@ class TaskManager:
             ctx.topics[s] for s in (CMD_START, CMD_SIGNAL, CMD_HOOK, CMD_CANCEL, CMD_TIMER)
         ]
         self.consumer: Any = None
+        #: A ``read_uncommitted`` client for the start of a command partition never committed.
         self.watermarks: Any = None
-        #: A new ``read_uncommitted`` client for the events partitions' true high watermarks.
-        self.new_watermarks: Callable[[], Any] = lambda: None
         #: Called with the partitions that were dropped (their held step results go).
         self.on_taken: Callable[[set[int]], None] = lambda partitions: None
         #: Aborts what a gone previous owner left open (set once connected).
