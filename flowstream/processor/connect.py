@@ -79,6 +79,7 @@ def connect_clients(processor: Processor) -> None:
     processor.tasks.warm = processor.restorer.warm
 
     processor.restorer.targets.admin = admin
+    processor.restorer.targets.new_admin = lambda: clients.new_admin(s.bootstrap)
     processor.tasks.watermarks = clients.new_consumer(
         s.bootstrap, f"{s.group}-watermarks-unused", {"isolation.level": "read_uncommitted"}
     )

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -40,10 +41,12 @@ __all__ = ["StateRestorer", "Targets"]
 LOG = logging.getLogger("flowstream.processor")
 
 #: A restore target (high watermark) that could not be read is asked for again after this long.
-_TARGET_RETRY_S = 0.2
-#: How long one ask for a partition's watermarks may take. A request to a leader that died
-#: times out; the admin client then looks the leader up again and asks it once more.
+_TARGET_RETRY_S = 0.1
+#: How long one ask for a partition's watermarks may take; asked again, with a new client,
+#: a request to a leader that died times out sooner: it is asked until the leader has moved,
+#: and a new leader is asked at most about this long after the move.
 _TARGET_TIMEOUT_S = 1.0
+_TARGET_RETRY_TIMEOUT_S = 0.5
 #: How long a slice waits for the targets it just asked for.
 _TARGET_WAIT_S = 0.05
 #: A partition at most this many records behind its restore target is fetched before the others.
@@ -279,15 +282,22 @@ class Targets:
     Not a consumer's ``get_watermark_offsets``: one client's queries wait behind each other, so
     every partition asked with one led by a killed broker waited out that query's timeout
     (measured: answers at 5, 10 and 15 s for a 5 s timeout), and the client kept asking the
-    dead broker after its partitions had moved. The admin client learns a moved leader within
-    a request's time."""
+    dead broker after its partitions had moved. Neither does a client learn of a moved leader
+    from a request that timed out (its answer is -1001, not an error): a partition asked in
+    vain is asked next with a new admin client, which reads where its leader is now."""
 
     def __init__(self, tasks: TaskManager) -> None:
         self.tasks = tasks
-        #: The admin client the watermarks are asked with (set when connecting).
+        #: The admin client the watermarks are asked with, and how to make another (both set
+        #: when connecting).
         self.admin: Any = None
-        self._asked: dict[int, tuple[PartitionTask, Future[Any], Future[Any]]] = {}
+        self.new_admin: Callable[[], Any] = lambda: None
+        #: What was asked for each partition: its task, the low and high offsets' answers, and
+        #: the client they come from (kept until then).
+        self._asked: dict[int, tuple[PartitionTask, Future[Any], Future[Any], Any]] = {}
         self._retry_at: dict[int, float] = {}
+        #: Partitions whose last ask failed: asked again with a new client.
+        self._fresh: set[int] = set()
         self._nudger = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowstream-wake")
         self._nudge: Future[None] | None = None
 
@@ -303,20 +313,15 @@ class Targets:
             if now < self._retry_at.get(task.partition, 0.0):
                 continue
             tp = clients.TopicPartition(self.tasks.ctx.topics[EVENTS], task.partition)
-            low, high = self._offset(tp, latest=False), self._offset(tp, latest=True)
-            self._asked[task.partition] = (task, low, high)
+            fresh = task.partition in self._fresh
+            self._fresh.discard(task.partition)
+            admin = self.new_admin() if fresh else self.admin
+            timeout = _TARGET_RETRY_TIMEOUT_S if fresh else _TARGET_TIMEOUT_S
+            low, high = (_offset(admin, tp, timeout, latest=latest) for latest in (False, True))
+            self._asked[task.partition] = (task, low, high, admin)
             new += [low, high]
         if new:
             wait(new, timeout=_TARGET_WAIT_S)
-
-    def _offset(self, tp: Any, *, latest: bool) -> Future[Any]:
-        # One partition per request: a request's answer waits for its slowest leader.
-        specs: Any = clients.OffsetSpec
-        return self.admin.list_offsets(  # type: ignore[no-any-return]
-            {tp: specs.latest() if latest else specs.earliest()},
-            isolation_level=clients.IsolationLevel.READ_UNCOMMITTED,
-            request_timeout=_TARGET_TIMEOUT_S,
-        )[tp]
 
     def answer(self, task: PartitionTask) -> tuple[int, int] | None:
         """The (low, high) watermarks asked for ``task``, once answered; ``None`` until then.
@@ -326,10 +331,20 @@ class Targets:
             return None
         del self._asked[task.partition]
         try:
-            return int(asked[1].result().offset), int(asked[2].result().offset)
+            low, high = int(asked[1].result().offset), int(asked[2].result().offset)
+            if low < 0 or high < 0:
+                # A request that timed out (its leader gone) is answered -1001, without an
+                # error: taken as the topic's end, it would have emptied the store.
+                raise clients.KafkaException(
+                    clients.KafkaError(
+                        clients.KafkaError.OFFSET_NOT_AVAILABLE, f"answered {low}..{high}"
+                    )
+                )
         except clients.KafkaException:
             self._retry_at[task.partition] = time.monotonic() + _TARGET_RETRY_S
+            self._fresh.add(task.partition)
             raise
+        return low, high
 
     def wake(self, consumer: Any, resumed: list[Any]) -> None:
         """Have ``consumer`` fetch ``resumed`` now rather than up to a second later.
@@ -351,3 +366,14 @@ class Targets:
 
     def close(self) -> None:
         self._nudger.shutdown(wait=True, cancel_futures=True)  # a second at most
+
+
+def _offset(admin: Any, tp: Any, timeout: float, *, latest: bool) -> Future[Any]:
+    """The answer to one partition's earliest or latest offset (``read_uncommitted``), in a
+    request of its own: a request's answer waits for its slowest leader."""
+    specs: Any = clients.OffsetSpec
+    return admin.list_offsets(  # type: ignore[no-any-return]
+        {tp: specs.latest() if latest else specs.earliest()},
+        isolation_level=clients.IsolationLevel.READ_UNCOMMITTED,
+        request_timeout=timeout,
+    )[tp]
