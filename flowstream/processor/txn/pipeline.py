@@ -52,7 +52,7 @@ from flowstream.processor.txn.errors import Abort, InDoubt, is_fatal, retrying
 from flowstream.processor.txn.recovery import PipelineRecovery
 from flowstream.processor.txn.slot import ProducerSlot, Record
 from flowstream.processor.txn.state import PipelineHost, Txn, TxnState, offsets_key
-from flowstream.processor.txn.view import PipelineView
+from flowstream.processor.txn.view import OFFSETS_QUIET_S, OFFSETS_STUCK_S, PipelineView
 
 __all__ = ["TransactionPipeline"]
 
@@ -75,6 +75,7 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
         new_producer: Callable[[ProducerSlot], Any],
         *,
         stuck_s: float,
+        offsets_stuck_s: float = OFFSETS_STUCK_S,
         metrics: Any,
         events_topic: str,
         lanes: tuple[Any, Any] | None = None,
@@ -88,6 +89,8 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
         self._preparer = prepare
         self._new_producer = new_producer
         self.stuck_s = stuck_s
+        self.offsets_stuck_s = min(offsets_stuck_s, stuck_s)
+        self._offsets_gave_up = -OFFSETS_QUIET_S
         self.metrics = metrics
         self._lanes = lanes
         self._clock = clock
@@ -225,15 +228,22 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
         for partition in anchors:
             slot.send(Record(slot.events_topic, partition, b"", b"", wire.ANCHOR_HEADERS))
         if offsets is not None:
-            self.send_offsets(slot.producer, named(offsets, slot.writer), metadata)
+            self.send_offsets(slot, named(offsets, slot.writer), metadata)
         if anchors:
             slot.producer.flush(30)
         if slot.error is not None and is_fatal(slot.error):
             raise clients.KafkaException(slot.error)
 
     @staticmethod
-    def send_offsets(producer: Any, offsets: list[Any], metadata: Any) -> None:
-        retrying(lambda: producer.send_offsets_to_transaction(offsets, metadata, 30))
+    def send_offsets(slot: ProducerSlot, offsets: list[Any], metadata: Any) -> None:
+        """In the slot's lane: send the positions (how long it runs is watched: ``stuck``)."""
+        producer = slot.producer
+        began = slot.offsets_since = time.monotonic()
+        try:
+            retrying(lambda: producer.send_offsets_to_transaction(offsets, metadata, 30))
+        finally:
+            if slot.offsets_since == began:  # not a newer call's, after a give-up
+                slot.offsets_since = None
 
     def release(self) -> None:
         """Once the open transaction's fence went through (and so the sealed one's records
@@ -377,7 +387,7 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
             for record in records:
                 slot.send(record)
             if offsets is not None:
-                self.send_offsets(producer, named(offsets, slot.writer), metadata)
+                self.send_offsets(slot, named(offsets, slot.writer), metadata)
             if producer.flush(30):
                 raise Abort("records were not delivered within 30 s")
             if slot.error is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -25,6 +26,8 @@ MAX_RESETS = 10
 RESET_WINDOW_S = 60.0
 #: How long a transaction waits for a producer made ahead before making its own.
 PREPARE_WAIT_S = 30.0
+#: A wait for a lane call looks this often whether a send of positions hangs.
+_WAIT_SLICE_S = 0.1
 
 
 class PipelineRecovery:
@@ -36,6 +39,9 @@ class PipelineRecovery:
     spare: Txn | None
     sealed: Txn | None
     stuck_s: float
+    offsets_stuck_s: float
+    _offsets_gave_up: float
+    offsets_hang: Callable[[], bool]  # ``PipelineView``'s
     metrics: Any
     _metadata: Any
     #: Aborts so far (a reset counts): a caller can tell whether its call rewound the consumer.
@@ -72,9 +78,16 @@ class PipelineRecovery:
             slot.prepared = (slot.generation, self._preparer.submit(make))
 
     def wait(self, future: Future[Any], patience: float | None = None) -> bool:
-        """Wait for a lane call; False if it ran into the stuck limit (or ``patience``)."""
+        """Wait for a lane call; False if it ran into the stuck limit (or ``patience``), or a
+        send of positions hangs (``offsets_hang``)."""
         lane = self.slots[0].lane
-        return bool(lane.wait(future, self.stuck_s if patience is None else patience))
+        deadline = time.monotonic() + (self.stuck_s if patience is None else patience)
+        while True:
+            left = deadline - time.monotonic()
+            if lane.wait(future, max(0.0, min(left, _WAIT_SLICE_S))):
+                return True
+            if left <= 0 or self.offsets_hang():
+                return False
 
     def abort(
         self,
@@ -153,16 +166,21 @@ class PipelineRecovery:
     def give_up(self, *, retake: bool) -> None:
         """A transactional call never returned: leave it and its lane behind, and replace the
         producers as if fenced (a new one's ``init_transactions`` aborts what the old had)."""
+        why = f"hangs (over {self.stuck_s:.0f} s)"
+        if self.offsets_hang():
+            self._offsets_gave_up = time.monotonic()
+            why = f"hangs sending positions (over {self.offsets_stuck_s:.0f} s)"
         self.metrics.aborts.inc()
         self.aborts += 1
         for slot in self.slots:
             slot.lane.close()
             slot.lane = slot.lane.renewed()
+            slot.offsets_since = None
         self._end([t for t in (self.open, self.spare, self.sealed) if t is not None])
         error = clients.KafkaException(
             clients.KafkaError(clients.KafkaError._TIMED_OUT, "a transactional call never returned")
         )
-        self.reset(error, retake=retake, why=f"hangs (over {self.stuck_s:.0f} s)")
+        self.reset(error, retake=retake, why=why)
 
     def reset(self, error: clients.KafkaException, *, retake: bool, why: str = "is fenced") -> None:
         """Replace both producers and let the host take every partition again from the events

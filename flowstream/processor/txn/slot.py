@@ -56,6 +56,8 @@ class ProducerSlot:
     def __init__(self, index: int, lane: Any = None) -> None:
         self.index = index
         self.producer: Any = None
+        #: When the send of positions running in the lane began (``None``: none runs).
+        self.offsets_since: float | None = None
         #: The next producer, being made ahead of need (``PipelineRecovery.ensure_producer``).
         self.prepared: Any = None
         #: The writer id the producer was made for (named in the positions it commits).

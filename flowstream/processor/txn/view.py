@@ -3,12 +3,25 @@ decided, is busy or stuck, until when decisions may join the open transaction)."
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from flowstream.processor.txn.slot import ProducerSlot
 from flowstream.processor.txn.state import Txn
 
-__all__ = ["PipelineView"]
+__all__ = ["OFFSETS_QUIET_S", "OFFSETS_STUCK_S", "PipelineView"]
+
+#: A send of positions (``send_offsets_to_transaction``) running longer than this is taken for
+#: one that never returns: librdkafka can wait for good on a group coordinator whose broker is
+#: gone (its issues 5456 and 5511; here it held every partition of a member for the 20 s of
+#: ``stuck_s`` after the coordinator's SIGKILL). A send takes milliseconds, and a few seconds
+#: while a dead replica leaves the in-sync replicas; giving the producers up costs about one
+#: more (new producers, the partitions taken again from their stores).
+OFFSETS_STUCK_S = 3.0
+#: After such a give-up, sends of positions get the whole ``stuck_s`` for this long: a
+#: coordinator slow for a while costs one reset, not one every few seconds (and never the
+#: resets that end the worker).
+OFFSETS_QUIET_S = 60.0
 
 
 class PipelineView:
@@ -19,6 +32,8 @@ class PipelineView:
     sealed: Txn | None
     slots: tuple[ProducerSlot, ProducerSlot]
     stuck_s: float
+    offsets_stuck_s: float
+    _offsets_gave_up: float
     _clock: Callable[[], float]
 
     @property
@@ -35,7 +50,21 @@ class PipelineView:
         return self.open is not None or self.sealed is not None or self.spare is not None
 
     def stuck(self) -> bool:
-        return max(float(slot.lane.busy_for()) for slot in self.slots) > self.stuck_s
+        """A transactional call has run past ``stuck_s``, or a send of positions past
+        ``offsets_stuck_s``: the producers are to be given up."""
+        busy = max(float(slot.lane.busy_for()) for slot in self.slots)
+        return busy > self.stuck_s or self.offsets_hang()
+
+    def offsets_hang(self) -> bool:
+        """A send of positions has run past ``offsets_stuck_s`` (none is given up so for
+        ``OFFSETS_QUIET_S`` after the last)."""
+        now = time.monotonic()
+        if now - self._offsets_gave_up < OFFSETS_QUIET_S:
+            return False
+        return any(
+            slot.offsets_since is not None and now - slot.offsets_since > self.offsets_stuck_s
+            for slot in self.slots
+        )
 
     def decisions_until(self, budget_s: float, max_open_s: float) -> float:
         """Until when decisions may join the open transaction: ``budget_s`` from now, and never
