@@ -325,7 +325,7 @@ class _Driver:
             .topics[self.topic]
             .partitions.items()
         }
-        coordinator = _group_coordinator(admin, f"{self.prefix}-group")
+        coordinator = _group_coordinator(self.bootstrap, f"{self.prefix}-group")
         others = sorted({n.node_id for n in self.cluster.nodes} - {coordinator})
         turn = self._brokers_killed % (len(others) + 1)
         broker = coordinator if turn == 0 or coordinator < 0 else others[turn - 1]
@@ -467,11 +467,10 @@ class _Driver:
             self.follow.close()
 
 
-def _group_coordinator(admin: clients.AdminClient, group: str) -> int:
+def _group_coordinator(bootstrap: str, group: str) -> int:
     try:
-        (future,) = admin.describe_consumer_groups([group], request_timeout=10).values()
-        return int(future.result().coordinator.id)
-    except Exception:
+        return clients.describe_group(bootstrap, group).coordinator
+    except clients.KafkaException:
         return -1
 
 

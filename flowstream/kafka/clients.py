@@ -12,12 +12,22 @@ overrides, so librdkafka's dotted configuration keys live in one place:
 
 The client classes and error types other modules need are re-exported from here, so no other
 package module names ``confluent_kafka``.
+
+A consumer group is described in a child process that runs this file (``describe_group``):
+librdkafka aborts the whole process when the group coordinator's connection drops while an admin
+client describes the group (librdkafka issues 4605 and 3663, fix in pull request 5397 not
+released). The file imports nothing of flowstream, so the child starts in about 60 ms.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import signal
+import subprocess
+import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import (
@@ -55,6 +65,9 @@ __all__ = [
     "ConfigResource",
     "Consumer",
     "ConsumerGroupTopicPartitions",
+    "GroupDescription",
+    "GroupMember",
+    "GroupQuery",
     "IsolationLevel",
     "KafkaError",
     "KafkaException",
@@ -66,6 +79,7 @@ __all__ = [
     "TopicCollection",
     "TopicPartition",
     "as_exception",
+    "describe_group",
     "new_admin",
     "new_consumer",
     "new_producer",
@@ -175,3 +189,171 @@ def probe_brokers(bootstrap: str, timeout: float) -> frozenset[int] | None:
     except KafkaException:
         return None
     return frozenset(metadata.brokers)
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    """One member of a consumer group, as ``describe_group`` reports it."""
+
+    member_id: str
+    client_id: str
+    host: str
+    #: The partitions assigned to the member, by topic.
+    assignment: Mapping[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class GroupDescription:
+    """A consumer group: its state and protocol names (``STABLE``, ``CONSUMER``...), the id of
+    its coordinator broker and its members."""
+
+    group: str
+    state: str
+    protocol: str
+    coordinator: int
+    members: tuple[GroupMember, ...]
+
+
+#: How long the child may take beyond the request's own timeout (start, bootstrap).
+_CHILD_SLACK_S = 10.0
+
+
+class GroupQuery:
+    """``describe_group`` begun: the child process runs while the caller does other work.
+
+    ``result()`` returns the description or raises ``KafkaException``: with the broker's error,
+    ``_TIMED_OUT``, or ``_TRANSPORT`` marked retriable when the child was killed by a signal
+    (the abort above). Credentials in ``overrides`` reach the child on its standard input, not
+    on its command line.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        group: str,
+        *,
+        timeout: float = 10.0,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.group = group
+        self.timeout = timeout
+        self._child = subprocess.Popen(
+            # -P: the script's own directory is not put on the module path.
+            [sys.executable, "-P", __file__],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        asked = {
+            "config": _config(bootstrap, overrides),
+            "group": group,
+            "timeout": timeout,
+        }
+        assert self._child.stdin is not None
+        self._child.stdin.write(json.dumps(asked).encode())
+        self._child.stdin.close()
+        self._child.stdin = None  # communicate() must not flush it again
+
+    def result(self) -> GroupDescription:
+        try:
+            out, err = self._child.communicate(timeout=self.timeout + _CHILD_SLACK_S)
+        except subprocess.TimeoutExpired:
+            self._child.kill()
+            self._child.communicate()
+            raise KafkaException(
+                KafkaError(KafkaError._TIMED_OUT, f"describing group {self.group!r} timed out")
+            ) from None
+        code = self._child.returncode
+        try:
+            answer = json.loads(out) if code == 0 else None
+        except ValueError:
+            answer = None
+        if answer is None:
+            last = (err.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
+            how = f"was ended by {signal.Signals(-code).name}" if code < 0 else f"exited {code}"
+            raise KafkaException(
+                KafkaError(
+                    KafkaError._TRANSPORT if code < 0 else KafkaError._FAIL,
+                    f"the client describing group {self.group!r} {how} ({last})",
+                    retriable=code < 0,
+                )
+            )
+        if "error" in answer:
+            error = answer["error"]
+            raise KafkaException(
+                KafkaError(error["code"], error["message"], retriable=error["retriable"])
+            )
+        return GroupDescription(
+            group=self.group,
+            state=answer["state"],
+            protocol=answer["protocol"],
+            coordinator=answer["coordinator"],
+            members=tuple(
+                GroupMember(
+                    m["member_id"],
+                    m["client_id"],
+                    m["host"],
+                    {topic: tuple(ps) for topic, ps in m["assignment"].items()},
+                )
+                for m in answer["members"]
+            ),
+        )
+
+
+def describe_group(
+    bootstrap: str,
+    group: str,
+    *,
+    timeout: float = 10.0,
+    overrides: Mapping[str, Any] | None = None,
+) -> GroupDescription:
+    """The consumer group ``group``, described by a child process (see the module's text)."""
+    return GroupQuery(bootstrap, group, timeout=timeout, overrides=overrides).result()
+
+
+def _describe_in_child() -> None:
+    """The child's side of ``GroupQuery``: one description, written as one JSON object."""
+    asked = json.loads(sys.stdin.read())
+    admin = AdminClient(asked["config"])
+    group = asked["group"]
+    try:
+        found = admin.describe_consumer_groups([group], request_timeout=asked["timeout"])[
+            group
+        ].result(asked["timeout"] + 5)
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        answer: dict[str, Any] = {
+            "error": {
+                "code": error.code() if error else KafkaError._FAIL,
+                "message": error.str() if error else str(exc),
+                "retriable": bool(error and error.retriable()),
+            }
+        }
+    else:
+        answer = {
+            "state": found.state.name,
+            "protocol": found.type.name,
+            "coordinator": found.coordinator.id if found.coordinator else -1,
+            "members": [
+                {
+                    "member_id": m.member_id,
+                    "client_id": m.client_id,
+                    "host": m.host,
+                    "assignment": _by_topic(m.assignment.topic_partitions if m.assignment else []),
+                }
+                for m in found.members or []
+            ],
+        }
+    sys.stdout.write(json.dumps(answer))
+    sys.stdout.flush()
+
+
+def _by_topic(partitions: list[TopicPartition]) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = {}
+    for tp in partitions:
+        found.setdefault(tp.topic, []).append(tp.partition)
+    return found
+
+
+if __name__ == "__main__":
+    _describe_in_child()

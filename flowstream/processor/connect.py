@@ -22,6 +22,18 @@ __all__ = ["Membership", "connect_clients", "debug_config", "membership", "sessi
 LOG = logging.getLogger("flowstream.processor")
 
 
+#: Errors of a group description that pass: a coordinator moving, loading or not reached.
+_DESCRIBE_AGAIN = frozenset(
+    {
+        clients.KafkaError.NOT_COORDINATOR,
+        clients.KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        clients.KafkaError.COORDINATOR_NOT_AVAILABLE,
+        clients.KafkaError._TIMED_OUT,
+        clients.KafkaError._TRANSPORT,
+    }
+)
+
+
 def debug_config(settings: Settings) -> dict[str, str]:
     """librdkafka's ``debug`` setting, when some contexts were asked for."""
     return {"debug": settings.kafka_debug} if settings.kafka_debug else {}
@@ -35,10 +47,13 @@ def connect_clients(processor: Processor) -> None:
     """Verify the topics, refuse an instance id in use, build the producers and consumers."""
     s = processor.settings
     ctx = processor.ctx
+    # The group is described by a child process (clients.GroupQuery says why) while the topics
+    # are checked.
+    first = clients.GroupQuery(s.bootstrap, s.group)
     admin = clients.new_admin(s.bootstrap)
     brokers = verify_topics(processor, admin)
     member = membership(s, admin, brokers)
-    refuse_instance_in_use(s, admin, member.session_ms)
+    refuse_instance_in_use(s, member.session_ms, first)
     processor.pipeline.start()
     processor.tasks.fence = OwnerFence(
         ctx,
@@ -256,29 +271,44 @@ def set_group_session(admin: Any, group: str, session_ms: int, heartbeat_ms: int
         ) from None
 
 
-def refuse_instance_in_use(settings: Settings, admin: Any, session_ms: int) -> None:
+def refuse_instance_in_use(
+    settings: Settings, session_ms: int, first: clients.GroupQuery | None = None
+) -> None:
     """Raise ``InstanceInUseError`` while a member of the group has this instance's client id
     for longer than a session (a killed predecessor's membership expires within one): starting
-    would fence the other member's producers and steal its transactional ids."""
+    would fence the other member's producers and steal its transactional ids.
+
+    ``first`` is a description already asked for. A description that fails is asked again until
+    that time has passed; a group that cannot be described then is not checked, and the log says
+    so."""
     wanted = client_id(settings)
     deadline = time.monotonic() + session_ms / 1000 * 1.5 + 1
+    query = first or clients.GroupQuery(settings.bootstrap, settings.group)
     while True:
-        hosts = _members_with(admin, settings.group, wanted)
-        if not hosts:
-            return
-        if time.monotonic() > deadline:
-            raise InstanceInUseError(
-                f"instance id {settings.instance_id!r} is in use by a live member of group "
-                f"{settings.group!r} ({', '.join(sorted(hosts))}); give each worker its own "
-                "--instance-id"
+        try:
+            found = query.result()
+        except clients.KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            passing = isinstance(error, clients.KafkaError) and (
+                error.retriable() or error.code() in _DESCRIBE_AGAIN
             )
+            if not passing or time.monotonic() > deadline:
+                LOG.info(
+                    "group %s could not be described (%s): instance id not checked",
+                    settings.group,
+                    error or exc,
+                )
+                return
+        else:
+            hosts = {m.host for m in found.members if m.client_id == wanted}
+            if not hosts:
+                return
+            if time.monotonic() > deadline:
+                raise InstanceInUseError(
+                    f"instance id {settings.instance_id!r} is in use by a live member of group "
+                    f"{settings.group!r} ({', '.join(sorted(hosts))}); give each worker its own "
+                    "--instance-id"
+                )
         time.sleep(0.5)
-
-
-def _members_with(admin: Any, group: str, wanted: str) -> set[str]:
-    try:
-        found = admin.describe_consumer_groups([group], request_timeout=10)[group].result(15)
-    except (clients.KafkaException, KeyError, AttributeError) as exc:
-        LOG.info("group %s could not be described (%s): instance id not checked", group, exc)
-        return set()
-    return {m.host for m in getattr(found, "members", []) if m.client_id == wanted}
+        left = max(1.0, deadline - time.monotonic())
+        query = clients.GroupQuery(settings.bootstrap, settings.group, timeout=min(10.0, left))

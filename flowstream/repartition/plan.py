@@ -72,6 +72,8 @@ _COORDINATOR_PASSING = frozenset(
         clients.KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
         clients.KafkaError.COORDINATOR_NOT_AVAILABLE,
         clients.KafkaError._TIMED_OUT,
+        # the describing child ended by librdkafka's abort (clients.GroupQuery)
+        clients.KafkaError._TRANSPORT,
     }
 )
 
@@ -247,13 +249,11 @@ class MovePlan:
     def check_group_idle(self) -> None:
         """Raise while a member of the processors' group consumes an old topic (members on the
         new prefix, in the same group, are fine); a group in a rebalance is asked again."""
-        admin = clients.new_admin(self.bootstrap)
         old = {self.old(suffix) for suffix in FORWARDED}
         deadline = time.monotonic() + 5
         while True:
             try:
-                found = admin.describe_consumer_groups([self.group], request_timeout=10)
-                described = found[self.group].result(_REQUEST_S)
+                described = clients.describe_group(self.bootstrap, self.group)
             except clients.KafkaException as exc:
                 error = exc.args[0] if exc.args else None
                 code = error.code() if isinstance(error, clients.KafkaError) else None
@@ -263,11 +263,10 @@ class MovePlan:
                     time.sleep(0.2)  # a coordinator that is still loading, or moved
                     continue
                 raise MoveError(f"group {self.group!r} could not be described: {exc}") from None
-            members = list(getattr(described, "members", None) or [])
             on_old = []
             unassigned = 0
-            for member in members:
-                topics = {tp.topic for tp in member.assignment.topic_partitions}
+            for member in described.members:
+                topics = set(member.assignment)
                 if topics & old:
                     on_old.append(member.client_id or member.member_id)
                 elif not topics:

@@ -253,6 +253,18 @@ def wait_until(predicate: object, timeout: float, message: str) -> None:
     raise AssertionError(message)
 
 
+def three_brokers_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    """Wait until the three brokers of ``bootstrap`` are registered, then create ``topic``
+    with ``partitions`` partitions replicated on all three."""
+    wait_until(
+        lambda: len(clients.probe_brokers(bootstrap, 5) or ()) == 3,
+        90,
+        "the three brokers did not all register",
+    )
+    admin = clients.new_admin(bootstrap)
+    admin.create_topics([clients.NewTopic(topic, partitions, 3)])[topic].result(30)
+
+
 class Cluster:
     """Topics under one prefix, a client, and the worker processes of one consumer group."""
 

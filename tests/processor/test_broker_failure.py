@@ -10,7 +10,7 @@ import pytest
 
 from flowstream.client import FlowClient
 from flowstream.devkafka import Cluster
-from flowstream.kafka.clients import new_admin, probe_brokers
+from flowstream.kafka.clients import describe_group, probe_brokers
 from flowstream.partitioning import partition_for
 from flowstream.settings import Settings
 from tests.processor.apps import SPEC
@@ -115,9 +115,7 @@ def _kill_under_load(cluster: Cluster, victim: int, load: Load, more: int) -> tu
 
 
 def _group_coordinator(bootstrap: str, group: str) -> int:
-    admin = new_admin(bootstrap)
-    (future,) = admin.describe_consumer_groups([group], request_timeout=10).values()
-    return int(future.result().coordinator.id)
+    return describe_group(bootstrap, group).coordinator
 
 
 def _diagnosis(client: FlowClient, run_ids: list[str], workers: list[Worker]) -> str:

@@ -18,7 +18,7 @@ from flowstream.devkafka import Cluster
 from flowstream.kafka import clients
 from flowstream.processor.restore import Targets
 from flowstream.topology import EVENTS
-from tests.processor.harness import wait_until
+from tests.processor.harness import three_brokers_topic
 
 pytestmark = [pytest.mark.kafka3, pytest.mark.timeout(240)]
 
@@ -30,14 +30,9 @@ def test_a_dead_leader_holds_back_only_the_targets_of_its_partitions(
     kafka3_cluster: Cluster, unique_prefix: str
 ) -> None:
     bootstrap = kafka3_cluster.bootstrap
-    wait_until(
-        lambda: len(clients.probe_brokers(bootstrap, 5) or ()) == 3,
-        90,
-        "the three brokers did not all register",
-    )
     topic = f"{unique_prefix}.events"
+    three_brokers_topic(bootstrap, topic, PARTITIONS)
     admin = clients.new_admin(bootstrap)
-    admin.create_topics([clients.NewTopic(topic, PARTITIONS, 3)])[topic].result(30)
     producer = clients.new_producer(bootstrap)
     for partition in range(PARTITIONS):
         for n in range(RECORDS):
