@@ -30,7 +30,7 @@ from flowstream.topology import (
     TopologyError,
 )
 
-__all__ = ["PartitionTask", "StepItem", "TaskManager", "state_path"]
+__all__ = ["PartitionTask", "StepItem", "TaskManager", "committed_positions", "state_path"]
 
 LOG = logging.getLogger("flowstream.processor")
 
@@ -73,6 +73,25 @@ def state_path(root: Path, group: str, prefix: str, partition: int) -> Path:
     """Where a partition's store lives: named by group, topic prefix and partition, so two
     deployments that share a state directory never share a store."""
     return root / group / prefix / f"p{partition:04d}"
+
+
+def committed_positions(consumer: Any, assigned: list[Any], *, timeout: float = 20) -> list[Any]:
+    """The group's committed positions of ``assigned``, asked again (as a timeout is) while the
+    answer of any partition carries an error.
+
+    ``Consumer.committed`` raises only when the whole request fails; a partition the coordinator
+    answered with an error comes back with ``error`` set and no offset, which reads as "never
+    committed": its commands would be consumed again from the partition's start."""
+
+    def ask() -> list[Any]:
+        found = consumer.committed(assigned, timeout=timeout)
+        failed = [tp for tp in found if tp.error is not None]
+        if failed:
+            raise clients.KafkaException(failed[0].error)
+        return list(found)
+
+    positions: list[Any] = patiently(ask)
+    return positions
 
 
 class TaskManager:
@@ -144,7 +163,7 @@ class TaskManager:
         try:
             if self.fence is not None:
                 self.fence.fence(assigned)  # else committed() waits for a dead owner's timeout
-            committed = patiently(lambda: consumer.committed(assigned, timeout=20))
+            committed = committed_positions(consumer, assigned)
             by_partition: dict[int, dict[str, int]] = {}
             for tp in committed:
                 position = tp.offset

@@ -88,7 +88,9 @@ def offsets(
     """The earliest or latest offset of each partition, in one request per leader
     (``committed``: the latest is the last stable offset). A topic just created, or a leader
     just moved, answers "not leader" or "unknown partition" for a moment: asked again for up to
-    a request's time."""
+    a request's time. So is a partition answered with a negative offset: the admin client
+    answers a request that timed out on a dead leader -1001 without an error (it is asked
+    again with a new client, which looks the leader up afresh)."""
     admin = clients.new_admin(bootstrap)
     maker: Any = clients.OffsetSpec.latest if latest else clients.OffsetSpec.earliest
     spec = maker()
@@ -104,9 +106,16 @@ def offsets(
         asked = {clients.TopicPartition(topic, p): spec for topic, p in pending}
         futures = admin.list_offsets(asked, isolation_level=level, request_timeout=_REQUEST_S)
         pending = []
+        unanswered = []
         for tp, future in futures.items():
             try:
-                found[(tp.topic, tp.partition)] = int(future.result().offset)
+                offset = int(future.result().offset)
+                if offset >= 0:
+                    found[(tp.topic, tp.partition)] = offset
+                    continue
+                if time.monotonic() > deadline:
+                    raise MoveError(f"no offsets of {tp.topic}[{tp.partition}]: answered {offset}")
+                unanswered.append((tp.topic, tp.partition))
             except clients.KafkaException as exc:
                 error = exc.args[0] if exc.args else None
                 passing = isinstance(error, clients.KafkaError) and (
@@ -115,6 +124,9 @@ def offsets(
                 if not passing or time.monotonic() > deadline:
                     raise MoveError(f"no offsets of {tp.topic}[{tp.partition}]: {exc}") from None
                 pending.append((tp.topic, tp.partition))
+        if unanswered:
+            admin = clients.new_admin(bootstrap)
+            pending += unanswered
         if pending:
             time.sleep(0.1)
     return found
