@@ -15,8 +15,8 @@ histories. Keys (raw bytes, all under ``v``)::
 the most recently updated run first; its bytes and the run id after them form the *sort key*
 that pages carry as their cursor. A query scans one key range per (workflow, status) pair it
 asks for and merges them by sort key: a page costs its rows, never the number of runs. The
-counters are absolute values, rewritten by each change (the writer holds them in memory), so
-``counts`` is one read.
+counters are absolute values, rewritten by each change that moves them (the writer holds them in
+memory), so ``counts`` is one read.
 """
 
 from __future__ import annotations
@@ -227,6 +227,8 @@ class RunTable:
         self._reader = reader
         self._lock: AbstractContextManager[object] = lock if lock is not None else nullcontext()
         self._counters = self._read_counters()
+        #: The counters as the store holds them: a change that leaves them so writes none.
+        self._stored = dict(self._counters)
         #: Staged runs: the facts the store holds for each (``None``: new), and its state now.
         self._staged: dict[str, tuple[RunFacts | None, RunState]] = {}
 
@@ -242,14 +244,24 @@ class RunTable:
         with self._lock:
             self._staged.clear()
             self._counters = self._read_counters()
+            self._stored = dict(self._counters)
 
     # -- keeping it -----------------------------------------------------------------------
 
     def change(self, before: RunFacts | None, state: RunState) -> list[Change]:
         """The key changes that bring the run's entries from ``before`` to ``state``."""
         found = self._changes(before, state)
-        found.append((_COUNTERS, orjson.dumps(self._counters)))
+        found.extend(self._counter_change())
         return found
+
+    def _counter_change(self) -> list[Change]:
+        """The counters' key, when they differ from what the store holds (most appends move no
+        run to another status and open or close nothing: in a write of its own, as with
+        ``sync="always"``, the counters were a quarter of the index's bytes)."""
+        if self._counters == self._stored:
+            return []
+        self._stored = dict(self._counters)
+        return [(_COUNTERS, orjson.dumps(self._counters))]
 
     def _changes(self, before: RunFacts | None, state: RunState) -> list[Change]:
         after = facts_of(state)
@@ -294,15 +306,15 @@ class RunTable:
             self._staged[run_id] = (held[0], state)
 
     def take(self) -> list[Change]:
-        """The key changes of every staged run and the counters after them (none when nothing
-        is staged); the group is empty again."""
+        """The key changes of every staged run and the counters after them, if they moved (none
+        when nothing is staged); the group is empty again."""
         if not self._staged:
             return []
         staged, self._staged = self._staged, {}
         found: list[Change] = []
         for before, state in staged.values():
             found.extend(self._changes(before, state))
-        found.append((_COUNTERS, orjson.dumps(self._counters)))
+        found.extend(self._counter_change())
         return found
 
     def _count(self, facts: RunFacts | None, sign: int) -> None:
@@ -327,6 +339,7 @@ class RunTable:
                 pending = []
         pending.append((_COUNTERS, orjson.dumps(self._counters)))
         write(pending)
+        self._stored = dict(self._counters)
         return runs
 
     # -- reading it -----------------------------------------------------------------------
