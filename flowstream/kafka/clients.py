@@ -56,6 +56,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 __all__ = [
     "CONSUMER_DEFAULTS",
+    "COORDINATOR_PASSING",
     "PRODUCER_DEFAULTS",
     "TRANSACTIONAL_PRODUCER_DEFAULTS",
     "AdminClient",
@@ -213,6 +214,18 @@ class GroupDescription:
     coordinator: int
     members: tuple[GroupMember, ...]
 
+
+#: Errors of a group description that pass: a coordinator moving, loading or not reached, and
+#: the describing child ended by librdkafka's abort (``GroupQuery``).
+COORDINATOR_PASSING = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+    }
+)
 
 #: How long the child may take beyond the request's own timeout (start, bootstrap).
 _CHILD_SLACK_S = 10.0

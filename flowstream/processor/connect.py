@@ -22,18 +22,6 @@ __all__ = ["Membership", "connect_clients", "debug_config", "membership", "sessi
 LOG = logging.getLogger("flowstream.processor")
 
 
-#: Errors of a group description that pass: a coordinator moving, loading or not reached.
-_DESCRIBE_AGAIN = frozenset(
-    {
-        clients.KafkaError.NOT_COORDINATOR,
-        clients.KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        clients.KafkaError.COORDINATOR_NOT_AVAILABLE,
-        clients.KafkaError._TIMED_OUT,
-        clients.KafkaError._TRANSPORT,
-    }
-)
-
-
 def debug_config(settings: Settings) -> dict[str, str]:
     """librdkafka's ``debug`` setting, when some contexts were asked for."""
     return {"debug": settings.kafka_debug} if settings.kafka_debug else {}
@@ -290,7 +278,7 @@ def refuse_instance_in_use(
         except clients.KafkaException as exc:
             error = exc.args[0] if exc.args else None
             passing = isinstance(error, clients.KafkaError) and (
-                error.retriable() or error.code() in _DESCRIBE_AGAIN
+                error.retriable() or error.code() in clients.COORDINATOR_PASSING
             )
             if not passing or time.monotonic() > deadline:
                 LOG.info(

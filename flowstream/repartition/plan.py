@@ -65,17 +65,6 @@ _LEADER_PASSING = frozenset(
         clients.KafkaError._TIMED_OUT,
     }
 )
-#: Answers of a group coordinator that pass (it is loading, or moved).
-_COORDINATOR_PASSING = frozenset(
-    {
-        clients.KafkaError.NOT_COORDINATOR,
-        clients.KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        clients.KafkaError.COORDINATOR_NOT_AVAILABLE,
-        clients.KafkaError._TIMED_OUT,
-        # the describing child ended by librdkafka's abort (clients.GroupQuery)
-        clients.KafkaError._TRANSPORT,
-    }
-)
 
 
 class MoveError(FlowError):
@@ -271,7 +260,7 @@ class MovePlan:
                 code = error.code() if isinstance(error, clients.KafkaError) else None
                 if code == clients.KafkaError.GROUP_ID_NOT_FOUND:
                     return  # no such group: nobody consumes
-                if code in _COORDINATOR_PASSING and time.monotonic() < deadline + 10:
+                if code in clients.COORDINATOR_PASSING and time.monotonic() < deadline + 10:
                     time.sleep(0.2)  # a coordinator that is still loading, or moved
                     continue
                 raise MoveError(f"group {self.group!r} could not be described: {exc}") from None
