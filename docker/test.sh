@@ -285,7 +285,17 @@ figures=$("$python" docker/drive.py run \
     --runs "${FLOWSTREAM_DOCKER_RUNS:-8}" \
     --deployed-at "$deployed_at")
 step "drove the deployment"
-health=$(docker inspect --format '{{.State.Health.Status}}' "$("${compose[@]}" ps -q processor-2)")
-[ "$health" = healthy ] || fail "processor-2's healthcheck says $health"
+# Docker runs the image's healthcheck every 10 s; until one passes the status is "starting"
+# (the first may have met processor-2 taking processor-1's partitions over): wait for a pass.
+processor_2=$("${compose[@]}" ps -q processor-2)
+for _ in $(seq 45); do
+    health=$(docker inspect --format '{{.State.Health.Status}}' "$processor_2")
+    [ "$health" = starting ] || break
+    sleep 1
+done
+if [ "$health" != healthy ]; then
+    docker inspect --format '{{range .State.Health.Log}}{{.Output}}{{end}}' "$processor_2" >&2
+    fail "processor-2's healthcheck says $health"
+fi
 say "processor-2's Docker healthcheck: $health"
 say "figures: $figures"
