@@ -45,6 +45,7 @@ from benchmarks.scale_embedded import bulk_fill
 from flowstream import codec
 from flowstream.engine import FlowEngine
 from flowstream.index import KafkaRunIndex, RunQuery, RunTable, row_of
+from flowstream.index.table import BUILT_KEY
 from flowstream.kafka import clients
 from flowstream.model.snapshot import RunStatus
 from flowstream.partitioning import partition_for
@@ -193,7 +194,7 @@ def embedded(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
 
     db = Rdict(str(path), options=Options(raw_mode=True))
     db.delete_range(b"v", b"w")
-    del db[b"m/run_index"]
+    del db[BUILT_KEY]
     db.close()
     began = time.perf_counter()
     store = RocksDBEventStore(path)

@@ -4,19 +4,24 @@ The store that keeps it (RocksDB, or a dict for the memory store) writes the tab
 the same atomic write as the events they follow, so the index never disagrees with the
 histories. Keys (raw bytes, all under ``v``)::
 
-    vr<run_id>                                  the run's row (JSON)
-    vt<newest><run_id>                          every run, by update time
+    vr<run_id>                                  the run's row (a JSON array, ``_ROW_FIELDS``)
     vs<status>\\0<newest><run_id>                by status, by update time
     vw<len:2><workflow><status>\\0<newest><run_id>  by workflow and status, by update time
     vp<run_id>                                  the run's open suspensions (JSON), while it has any
     vc                                          counters: runs by status, open suspensions by kind
+                                                (a JSON array, ``_COUNTER_NAMES``)
 
 ``<newest>`` is 8 big-endian bytes that grow as the update time falls, so a forward scan meets
 the most recently updated run first; its bytes and the run id after them form the *sort key*
 that pages carry as their cursor. A query scans one key range per (workflow, status) pair it
-asks for and merges them by sort key: a page costs its rows, never the number of runs. The
-counters are absolute values, rewritten by each change that moves them (the writer holds them in
-memory), so ``counts`` is one read.
+asks for (every status, for a query that filters nothing) and merges them by sort key: a page
+costs its rows, never the number of runs. The counters are absolute values, rewritten by each
+change that moves them (the writer holds them in memory), so ``counts`` is one read.
+
+Every append rewrites its run's row and moves its keys to the new update time in the same write
+as its events, so the table's bytes are most of what an append writes: rows and counters are
+arrays without field names, and no key lists every run (the statuses' keys together do). A store
+whose table was written in another layout (``STALE_BUILT_KEYS``) has it built again on open.
 """
 
 from __future__ import annotations
@@ -25,9 +30,10 @@ import base64
 import binascii
 import functools
 import heapq
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, nullcontext
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 import orjson
@@ -40,14 +46,16 @@ from flowstream.index.rows import (
     RunQuery,
     RunRow,
     facts_of,
+    last_error,
     micros,
-    row_values,
+    waiting_for,
 )
 from flowstream.model.snapshot import RunStatus
 from flowstream.replay.state import RunState
 
 __all__ = [
     "BUILT_KEY",
+    "STALE_BUILT_KEYS",
     "SUSPENSION_COUNTERS",
     "Change",
     "KeyValues",
@@ -57,11 +65,14 @@ __all__ = [
     "write_changes",
 ]
 
-#: Marks a store whose run index is built (a store written before it existed gets it on open).
-BUILT_KEY = b"m/run_index"
+#: Marks a store whose run index is built in this layout (a store written before it existed, or
+#: in another layout, gets it built on open).
+BUILT_KEY = b"m/run_index/2"
+#: The marks of earlier layouts (the first had JSON objects for rows and counters, and a key per
+#: run by update time), deleted when the table is built again.
+STALE_BUILT_KEYS = (b"m/run_index",)
 PREFIX = b"v"
 _ROW = b"vr"
-_BY_TIME = b"vt"
 _BY_STATUS = b"vs"
 _BY_WORKFLOW = b"vw"
 _OPEN = b"vp"
@@ -76,6 +87,24 @@ SUSPENSION_COUNTERS = {
     "signal": "open_signal_waits",
 }
 _STATUSES = tuple(status.value for status in RunStatus)
+#: The counters' order in their stored array.
+_COUNTER_NAMES = (*_STATUSES, *SUSPENSION_COUNTERS.values())
+#: The row's fields in its stored array (the run id is the key's).
+_ROW_FIELDS = (
+    "workflow",
+    "status",
+    "build",
+    "created_at",
+    "updated_at",
+    "waiting_for",
+    "last_error",
+    "parent_run_id",
+    "continued_to",
+    "last_sequence",
+)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: Runs whose last written facts the table keeps (the store's projection cache holds as many).
+_HELD_RUNS = 2_000
 _NEWEST = (1 << 64) - 1
 #: A change to one key: the new value, or ``None`` to delete it.
 Change = tuple[bytes, bytes | None]
@@ -151,14 +180,39 @@ def _workflow_prefix(workflow: str, status: str) -> bytes:
 _STATUS_PREFIX = {status: _BY_STATUS + status.value.encode() + b"\0" for status in RunStatus}
 
 
-def _secondary(run_id: str, workflow: str, facts: RunFacts) -> list[bytes]:
-    sort_key = (_NEWEST - facts.micros).to_bytes(8, "big") + run_id.encode()
+def _secondary(run_key: bytes, workflow: str, facts: RunFacts) -> tuple[bytes, bytes]:
+    sort_key = (_NEWEST - facts.micros).to_bytes(8, "big") + run_key
     status = facts.status
-    return [
-        _BY_TIME + sort_key,
+    return (
         _STATUS_PREFIX[status] + sort_key,
         _workflow_prefix(workflow, status.value) + sort_key,
-    ]
+    )
+
+
+def _row_value(state: RunState, facts: RunFacts) -> bytes:
+    """The run's row as stored: ``_ROW_FIELDS``' values, times in microseconds."""
+    outcome = state.outcome
+    return orjson.dumps(
+        [
+            state.spec.name,
+            facts.status.value,
+            state.spec.runtime_build_id,
+            micros(state.created_at),
+            facts.micros,
+            waiting_for(state),
+            last_error(state),
+            None if state.parent is None else state.parent.run_id,
+            None if outcome is None else outcome.successor_run_id,
+            state.last_sequence,
+        ]
+    )
+
+
+def _row_of(run_id: str, raw: bytes) -> RunRow:
+    values = dict(zip(_ROW_FIELDS, orjson.loads(raw), strict=True))
+    values["created_at"] = _EPOCH + timedelta(microseconds=values["created_at"])
+    values["updated_at"] = _EPOCH + timedelta(microseconds=values["updated_at"])
+    return RunRow(run_id=run_id, **values)
 
 
 def _items_value(items: tuple[OpenItem, ...]) -> bytes:
@@ -198,9 +252,11 @@ def write_changes(writes: Writes, changes: Iterable[Change]) -> None:
 
 
 def _empty_counters() -> dict[str, int]:
-    counters = dict.fromkeys(_STATUSES, 0)
-    counters.update(dict.fromkeys(SUSPENSION_COUNTERS.values(), 0))
-    return counters
+    return dict.fromkeys(_COUNTER_NAMES, 0)
+
+
+def _counters_value(counters: dict[str, int]) -> bytes:
+    return orjson.dumps([counters[name] for name in _COUNTER_NAMES])
 
 
 # -- the table ----------------------------------------------------------------------------------
@@ -231,18 +287,22 @@ class RunTable:
         self._stored = dict(self._counters)
         #: Staged runs: the facts the store holds for each (``None``: new), and its state now.
         self._staged: dict[str, tuple[RunFacts | None, RunState]] = {}
+        #: The facts last written for the runs last changed (``held_facts`` need not derive
+        #: them again from the run's state), the oldest first.
+        self._held: OrderedDict[str, RunFacts] = OrderedDict()
 
     def _read_counters(self) -> dict[str, int]:
         counters = _empty_counters()
         raw = self._reader.get(_COUNTERS)
         if raw is not None:
-            counters.update(orjson.loads(raw))
+            counters.update(zip(_COUNTER_NAMES, orjson.loads(raw), strict=True))
         return counters
 
     def reload(self) -> None:
         """Read the counters from the store again (a write the table counted failed)."""
         with self._lock:
             self._staged.clear()
+            self._held.clear()
             self._counters = self._read_counters()
             self._stored = dict(self._counters)
 
@@ -261,24 +321,30 @@ class RunTable:
         if self._counters == self._stored:
             return []
         self._stored = dict(self._counters)
-        return [(_COUNTERS, orjson.dumps(self._counters))]
+        return [(_COUNTERS, _counters_value(self._counters))]
 
     def _changes(self, before: RunFacts | None, state: RunState) -> list[Change]:
         after = facts_of(state)
-        row = row_values(state)
-        workflow = state.spec.name
         run_key = state.run_id.encode()
         found: list[Change] = []
-        new_keys = _secondary(state.run_id, workflow, after)
-        if before is not None:
-            old_keys = _secondary(state.run_id, workflow, before)
-            found.extend((key, None) for key in old_keys if key not in new_keys)
-        found.extend((key, b"") for key in new_keys)
-        found.append((_ROW + run_key, orjson.dumps(row)))
+        if before is None or before.micros != after.micros or before.status is not after.status:
+            workflow = state.spec.name
+            if before is not None:  # every key moves: its update time or its status changed
+                for key in _secondary(run_key, workflow, before):
+                    found.append((key, None))
+            for key in _secondary(run_key, workflow, after):
+                found.append((key, b""))
+        found.append((_ROW + run_key, _row_value(state, after)))
         if before is None or before.items != after.items:
             found.append((_OPEN + run_key, _items_value(after.items) if after.items else None))
-        self._count(before, -1)
-        self._count(after, 1)
+            self._count(before, -1)
+            self._count(after, 1)
+        elif before.status is not after.status:
+            counters = self._counters
+            counters[before.status.value] -= 1
+            counters[after.status.value] += 1
+        self._held[state.run_id] = after
+        self._held.move_to_end(state.run_id)
         return found
 
     def staged(self, run_id: str) -> bool:
@@ -290,7 +356,8 @@ class RunTable:
         its facts, or ``None`` for a new run or one already staged (its first facts count)."""
         if state is None or run_id in self._staged:
             return None
-        return facts_of(state)
+        held = self._held.get(run_id)
+        return facts_of(state) if held is None else held
 
     def stage(self, run_id: str, before: RunFacts | None, state: RunState) -> None:
         """An append to ``run_id`` joins the group; ``before`` (the facts the store holds for
@@ -314,6 +381,9 @@ class RunTable:
         found: list[Change] = []
         for before, state in staged.values():
             found.extend(self._changes(before, state))
+        held = self._held
+        while len(held) > _HELD_RUNS:
+            held.popitem(last=False)
         found.extend(self._counter_change())
         return found
 
@@ -329,6 +399,7 @@ class RunTable:
         """Index every run of ``states`` from nothing (the table must be empty); hands the
         changes to ``write`` in chunks, the counters with the last. Returns the runs indexed."""
         self._counters = _empty_counters()
+        self._held.clear()
         pending: list[Change] = []
         runs = 0
         for state in states:
@@ -337,7 +408,7 @@ class RunTable:
             if len(pending) >= 20_000:
                 write(pending)
                 pending = []
-        pending.append((_COUNTERS, orjson.dumps(self._counters)))
+        pending.append((_COUNTERS, _counters_value(self._counters)))
         write(pending)
         self._stored = dict(self._counters)
         return runs
@@ -347,7 +418,7 @@ class RunTable:
     def get(self, run_id: str) -> RunRow | None:
         with self._lock:
             raw = self._reader.get(_ROW + run_id.encode())
-        return None if raw is None else RunRow.model_validate_json(raw)
+        return None if raw is None else _row_of(run_id, raw)
 
     def counts(self) -> dict[str, int]:
         totals = self.totals()
@@ -400,7 +471,11 @@ class RunTable:
             more = len(sort_keys) > query.limit
             del sort_keys[query.limit :]
             raws = [self._reader.get(_ROW + key[8:]) for key in sort_keys]
-        rows = tuple(RunRow.model_validate_json(raw) for raw in raws if raw is not None)
+        rows = tuple(
+            _row_of(key[8:].decode(), raw)
+            for key, raw in zip(sort_keys, raws, strict=True)
+            if raw is not None
+        )
         cursor = encode_cursor(sort_keys[-1]) if more else None
         return RunPage(rows=rows, next_cursor=cursor)
 
@@ -418,7 +493,7 @@ def _prefixes(query: RunQuery) -> list[bytes]:
     statuses = sorted(query.status) if query.status is not None else None
     if query.workflow is None:
         if statuses is None:
-            return [_BY_TIME]
+            return list(_STATUS_PREFIX.values())
         return [_BY_STATUS + s.value.encode() + b"\0" for s in statuses]
     return [
         _workflow_prefix(workflow, status)

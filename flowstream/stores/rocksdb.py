@@ -11,8 +11,9 @@ Key layout (one RocksDB, raw bytes):
                                 gets it built once, from each run's last event, when opened)
 ``v…``                          the run index: rows, keys by status, workflow and update time,
                                 open suspensions and counters (``flowstream.index.table``)
-``m/run_index``                 the run index is built (a store written before it existed gets it
-                                built once, from every history, when opened read-write; a
+``m/run_index/2``               the run index is built in its current layout (a store written
+                                before it existed, or in an earlier layout, ``m/run_index``, gets
+                                it built once, from every history, when opened read-write; a
                                 read-only open of such a store builds it in memory)
 
 An append and every index change it causes go in one ``WriteBatch``. With ``sync="group"`` (the
@@ -54,6 +55,7 @@ from flowstream.errors import (
 from flowstream.index.table import (
     BUILT_KEY,
     PREFIX,
+    STALE_BUILT_KEYS,
     Change,
     MemoryKeyValues,
     RunTable,
@@ -380,6 +382,8 @@ class RocksDBEventStore(EventStore):
                 self._db.write(batch, self._write_options)
 
             self._run_table.build(self._states_for_index(), write)
+            for stale in STALE_BUILT_KEYS:
+                self._db.delete(stale, self._write_options)
             self._db.put(BUILT_KEY, b"1", self._write_options)
 
     def _event_type(self, raw: bytes) -> str:

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rocksdict import Options, Rdict
+from rocksdict import AccessType, Options, Rdict
 
 from flowstream.engine import FlowEngine
 from flowstream.errors import FlowError, InvalidTransitionError
 from flowstream.index import RunIndex, RunQuery
 from flowstream.index.check import index_differences, list_all
 from flowstream.index.rows import open_items
+from flowstream.index.table import BUILT_KEY
 from flowstream.model.commands import RuntimeCommand
 from flowstream.model.events import (
     RunCompleted,
@@ -267,7 +268,7 @@ def _drop_index(path: Path) -> None:
     db = Rdict(str(path), options=Options(raw_mode=True))
     try:
         db.delete_range(b"v", b"w")
-        del db[b"m/run_index"]
+        del db[BUILT_KEY]
     finally:
         db.close()
 
@@ -287,6 +288,65 @@ def test_a_store_written_before_the_index_is_indexed_on_open(
         assert index_differences(second.run_index(), states(second)) == []
     with RocksDBEventStore(path, clock=clock) as third:
         assert index_differences(third.run_index(), states(third)) == []
+
+
+def test_a_store_whose_index_has_the_first_layout_is_indexed_again_on_open(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """The first layout had JSON objects for rows and counters and a key per run by update
+    time, under the mark ``m/run_index``: such a store reads none of it and builds it anew."""
+    path = tmp_path / "db"
+    with RocksDBEventStore(path, clock=clock) as first:
+        fill(FlowEngine(first, RUNTIME, clock=clock), 20)
+    db = Rdict(str(path), options=Options(raw_mode=True))
+    try:
+        del db[BUILT_KEY]
+        db[b"m/run_index"] = b"1"
+        db[b"vc"] = b'{"suspended": 7}'
+        db[b"vt" + bytes(8) + b"gone"] = b""
+    finally:
+        db.close()
+    with RocksDBEventStore(path, clock=clock) as second:
+        assert second.run_index().counts()["suspended"] == 19
+        assert index_differences(second.run_index(), states(second)) == []
+    db = Rdict(str(path), options=Options(raw_mode=True), access_type=AccessType.read_only())
+    try:
+        assert db.get(b"m/run_index") is None and db.get(BUILT_KEY) is not None
+        assert not [key for key in db.keys(from_key=b"vt") if bytes(key).startswith(b"vt")]
+    finally:
+        db.close()
+
+
+def test_an_append_writes_a_compact_row_and_two_keys_per_move(tmp_path: Path) -> None:
+    """The index's bytes are most of an append's write (and with ``sync="always"`` each costs
+    an fsync): a row is an array of values, and a run's keys by update time are two, by status
+    and by workflow (an unfiltered listing merges the statuses)."""
+    store = RocksDBEventStore(tmp_path / "db", sync="always")
+    written: list[list[tuple[bytes, bytes | None]]] = []
+    table = store._run_table
+    assert table is not None
+    take = table.take
+
+    def watched() -> Any:
+        found = take()
+        written.append(found)
+        return found
+
+    table.take = watched  # type: ignore[method-assign]
+    try:
+        store.append_if_sequence("r1", 0, [RunCreated(spec=ORDER, input={}), RunStarted()])
+        store.append_if_sequence("r1", 2, [StepCreated(step_id="a", step_name="charge")])
+        moved = written[-1]
+        assert sorted(key[:2] for key, value in moved if value is None) == [b"vs", b"vw"]
+        assert sorted(key[:2] for key, value in moved if value == b"") == [b"vs", b"vw"]
+        row = next(value for key, value in moved if key == b"vr" + b"r1")
+        assert row is not None and len(row) < 120, row
+        page = store.run_index().query(RunQuery())
+        assert [r.run_id for r in page.rows] == ["r1"]
+        assert page.rows[0] == store.run_index().get("r1")
+        assert index_differences(store.run_index(), states(store)) == []
+    finally:
+        store.close()
 
 
 def test_a_read_only_open_beside_the_writer_reads_its_index(
