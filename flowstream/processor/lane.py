@@ -10,6 +10,7 @@ would be joined forever.
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import sys
 import threading
@@ -20,7 +21,13 @@ from typing import Any
 
 from flowstream.kafka import clients
 
+LOG = logging.getLogger("flowstream.processor")
+
 _STOP = object()
+
+
+class LaneGivenUp(RuntimeError):
+    """A call queued on a lane that was given up (``Lane.abandon``): it never ran."""
 
 
 class Lane:
@@ -30,6 +37,9 @@ class Lane:
         self.name = name
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._busy_since: float | None = None
+        #: When the lane was given up, and when the call it was stuck in began.
+        self._abandoned: tuple[float, float] | None = None
+        self._given_up = False
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
@@ -67,6 +77,18 @@ class Lane:
         """Stop after the calls already submitted; a blocked call is left where it is."""
         self._queue.put(_STOP)
 
+    def abandon(self) -> Lane:
+        """Give this lane up with the call it is stuck in, and return a new one of the same
+        name. When the call left behind returns, a log line says after how long. The calls
+        queued behind it never run (each fails with ``LaneGivenUp``): they belong to
+        transactions that were ended, and run late they would find the slot's new producer."""
+        since = self._busy_since
+        if since is not None:
+            self._abandoned = (time.monotonic(), since)
+        self._given_up = True
+        self.close()
+        return self.renewed()
+
     def _work(self) -> None:
         while True:
             item = self._queue.get()
@@ -74,6 +96,9 @@ class Lane:
                 return
             future, call, args, after, patience = item
             if not future.set_running_or_notify_cancel():
+                continue
+            if self._given_up:
+                future.set_exception(LaneGivenUp(f"lane {self.name} was given up"))
                 continue
             self._busy_since = time.monotonic()
             try:
@@ -88,3 +113,21 @@ class Lane:
                 future.set_result(result)
             finally:
                 self._busy_since = None
+                self._note_late_return(call, future)
+
+    def _note_late_return(self, call: Callable[..., Any], future: Future[Any]) -> None:
+        abandoned = self._abandoned
+        if abandoned is None:
+            return
+        self._abandoned = None
+        gave_up, began = abandoned
+        now = time.monotonic()
+        error = future.exception() if future.done() else None
+        LOG.info(
+            "lane %s: the call %s given up after %.2f s returned %.2f s after it began (%s)",
+            self.name,
+            getattr(call, "__name__", type(call).__name__),
+            gave_up - began,
+            now - began,
+            "ok" if error is None else f"{type(error).__name__}: {error}",
+        )

@@ -4,13 +4,14 @@ left behind without holding up what replaces it."""
 from __future__ import annotations
 
 import ctypes
+import logging
 import threading
 import time
 
 import pytest
 
 from flowstream.kafka import clients
-from flowstream.processor.lane import Lane
+from flowstream.processor.lane import Lane, LaneGivenUp
 
 
 def test_calls_run_in_submission_order_and_report_results() -> None:
@@ -70,4 +71,59 @@ def test_a_blocked_call_shows_in_busy_for_and_is_left_behind() -> None:
     assert lane._thread.daemon  # a thread left blocked does not hold up the exit
     release.set()
     assert queued.result(timeout=5) == "late"  # calls already submitted still run
+    replacement.close()
+
+
+def test_a_call_given_up_says_when_it_returns(caplog: pytest.LogCaptureFixture) -> None:
+    lane = Lane("test-lane")
+    release = threading.Event()
+
+    def send_offsets() -> str:
+        release.wait(5)
+        return "sent"
+
+    blocked = lane.submit(send_offsets)
+    time.sleep(0.2)
+    with caplog.at_level(logging.INFO, "flowstream.processor"):
+        replacement = lane.abandon()
+        assert replacement is not lane and replacement.name == "test-lane"
+        assert replacement.submit(lambda: "now").result(timeout=5) == "now"
+        assert "given up" not in caplog.text  # nothing returned yet
+        release.set()
+        assert blocked.result(timeout=5) == "sent"
+        deadline = time.monotonic() + 5
+        while "returned" not in caplog.text:
+            assert time.monotonic() < deadline, "the late return was not logged"
+            time.sleep(0.01)
+    line = next(r.getMessage() for r in caplog.records if "returned" in r.getMessage())
+    assert "the call send_offsets given up after 0." in line
+    assert line.endswith("after it began (ok)")
+    replacement.close()
+
+
+def test_an_idle_lane_closed_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    lane = Lane("test-lane")
+    assert lane.submit(lambda: 1).result(timeout=5) == 1
+    with caplog.at_level(logging.INFO, "flowstream.processor"):
+        lane.abandon().close()
+        lane.submit(lambda: 2)  # after the stop: never runs
+        time.sleep(0.1)
+    assert "returned" not in caplog.text
+
+
+def test_calls_queued_behind_a_call_given_up_never_run() -> None:
+    """They belong to transactions that were ended: run once the stuck call returns, a commit
+    would find the slot's new producer (and commit whatever that one has begun)."""
+    lane = Lane("test-lane")
+    release = threading.Event()
+    ran: list[str] = []
+    blocked = lane.submit(release.wait, 5)
+    queued = lane.submit(lambda: ran.append("late commit"))
+    time.sleep(0.1)
+    replacement = lane.abandon()
+    release.set()
+    assert blocked.result(timeout=5) is True  # the stuck call itself returns as it may
+    assert isinstance(queued.exception(timeout=5), LaneGivenUp)
+    assert ran == []
+    assert replacement.submit(lambda: "now").result(timeout=5) == "now"
     replacement.close()

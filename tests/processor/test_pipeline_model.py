@@ -226,6 +226,10 @@ class StepLane:
     def renewed(self) -> StepLane:
         return StepLane(self.scheduler)
 
+    def abandon(self) -> StepLane:
+        self.close()
+        return self.renewed()
+
 
 class Scheduler:
     def __init__(self) -> None:

@@ -244,6 +244,11 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
         finally:
             if slot.offsets_since == began:  # not a newer call's, after a give-up
                 slot.offsets_since = None
+            else:
+                LOG.info(
+                    "a send of positions given up returned after %.2f s",
+                    time.monotonic() - began,
+                )
 
     def release(self) -> None:
         """Once the open transaction's fence went through (and so the sealed one's records

@@ -173,8 +173,7 @@ class PipelineRecovery:
         self.metrics.aborts.inc()
         self.aborts += 1
         for slot in self.slots:
-            slot.lane.close()
-            slot.lane = slot.lane.renewed()
+            slot.lane = slot.lane.abandon()
             slot.offsets_since = None
         self._end([t for t in (self.open, self.spare, self.sealed) if t is not None])
         error = clients.KafkaException(
@@ -211,6 +210,20 @@ class PipelineRecovery:
             # Given up with its partitions (lost, revoked): the new producer is made when the
             # next transaction needs it, not in the rebalance callback, where a coordinator
             # that is gone would hold every member of the group back.
-            slot.producer = self._new_producer(slot) if retake else None
+            slot.producer = None
+        if retake:
+            self._remake()
         self._slot = self.slots[0]
         self.host.retake(retake)
+
+    def _remake(self) -> None:
+        """Make both producers again, side by side: each ``init_transactions`` waits until the
+        coordinator has aborted what the old producer of its id left open, which takes seconds
+        while a broker fails over (``CONCURRENT_TRANSACTIONS`` is retried every 500 ms)."""
+        made: list[Future[Any]] = []
+        for slot in self.slots:
+            lane = Lane(f"flowstream-remake-{slot.index}")
+            made.append(lane.submit(self._new_producer, slot))
+            lane.close()
+        for slot, future in zip(self.slots, made, strict=True):
+            slot.producer = future.result()
