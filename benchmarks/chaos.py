@@ -17,9 +17,15 @@ schedule, cycling through the kinds unless ``--faults`` names them:
 
 After the window the driver waits until every run it started is terminal, stops the workers, and
 hands over to :mod:`benchmarks.chaos_audit`, which reads the events topic on its own. Printed:
-runs, faults by kind, violations, failover after a worker fault (per partition the victim wrote
-last: time from the fault to its first event from another processor), and the longest commit gap
-after a broker kill (no new committed event on the partitions it did not lead, and on all).
+runs, faults by kind, violations, failover after a worker fault, and the longest commit gap after
+a broker kill (no new committed event on the partitions it did not lead, and on all).
+
+Failover is measured with probes: right after each worker fault the driver starts one more run
+(audited like the others) on every partition, and the failover of a partition the victim wrote
+last is the time from the fault until its probe's first event is committed: an input given after
+the fault, answered. (The first event by another processor after the fault, also printed, counts
+a quiet partition's idle time too.) A broker kill gets the same probes: the slowest answer on
+the partitions whose events and starts the dead broker did not lead is printed beside the gap.
 
 Usage: ``python -m benchmarks.chaos --runs 600 --minutes 9 --workers 3 [--faults worker-kill,...]
 [--home DIR --port 29092] [--set NAME=VALUE] [--out results.jsonl]``
@@ -30,13 +36,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import heapq
+import itertools
 import logging
 import os
 import random
 import secrets
 import shutil
 import signal
-import statistics
 import threading
 import time
 import uuid
@@ -49,19 +55,18 @@ from typing import Any
 from benchmarks import harness
 from benchmarks.chaos_app import EFFECTS_ENV, HOOK_ID, SIGNAL_NAME, SPEC, make_input
 from benchmarks.chaos_audit import Audit, Expectations, audit, format_audit
-from benchmarks.chaos_watch import Follow, commit_gap, progress_after
+from benchmarks.chaos_watch import Fault, Follow, fault_figures
 from flowstream.client import FlowClient
 from flowstream.devkafka import DEFAULT_PORT_3, Cluster
 from flowstream.kafka import clients, topics
+from flowstream.partitioning import partition_for
 from flowstream.replay.decide import token_digest
 from flowstream.settings import Settings
-from flowstream.topology import EVENTS, load_topology
+from flowstream.topology import CMD_START, EVENTS, load_topology
 
 __all__ = ["FAULT_KINDS", "SHORT", "ChaosOptions", "ChaosResult", "format_result", "run_chaos"]
 
 FAULT_KINDS = ("worker-kill", "worker-stop", "broker-kill", "state-wipe")
-#: How long after a fault its figures are read, at most (the next fault ends it sooner).
-_WINDOW_S = 60.0
 
 
 @dataclass
@@ -93,21 +98,6 @@ class ChaosOptions:
 
 #: The short form (about three minutes): one fault of each kind, 25-30 s apart.
 SHORT = ChaosOptions(runs=150, minutes=2.0, workers=3, faults=FAULT_KINDS, settle=240.0)
-
-
-@dataclass
-class Fault:
-    kind: str
-    at: float  # monotonic
-    victim: str
-    detail: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        # The wall clock to the millisecond, as the workers' log lines print it.
-        now = time.time()
-        self.detail["wall"] = (
-            time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
-        )
 
 
 @dataclass
@@ -208,6 +198,7 @@ class _Driver:
         self.follow: Follow | None = None
         self._pending_signals: dict[str, Callable[[], None]] = {}
         self._pending_hooks: set[str] = set()
+        self._probes = 0
 
     # -- the schedule ---------------------------------------------------------------------
 
@@ -222,8 +213,8 @@ class _Driver:
 
     # -- runs -----------------------------------------------------------------------------
 
-    def _start_run(self, index: int, now: float) -> None:
-        run_id = f"r{index:05d}"
+    def _start_run(self, index: int, now: float, run_id: str = "") -> None:
+        run_id = run_id or f"r{index:05d}"
         token = f"chaos-{self.prefix}-{index}-{secrets.token_hex(12)}"
         self.tokens[run_id] = token
         self.expected.runs.append(run_id)
@@ -273,6 +264,20 @@ class _Driver:
                     lambda t=token, r=run_id: self.client.resume_hook_by_token(t, {"run": r}),
                 )
 
+    def _probe(self, now: float) -> dict[int, str]:
+        """Start one run on every partition (a probe of when each answers); their run ids."""
+        self._probes += 1
+        ids: dict[int, str] = {}
+        for n in itertools.count():
+            run_id = f"probe{self._probes:02d}-{n}"
+            p = partition_for(run_id, self.partitions)
+            if p not in ids:
+                ids[p] = run_id
+                self._start_run(self.options.runs + len(self.expected.runs), now, run_id)
+            if len(ids) == self.partitions:
+                return ids
+        raise AssertionError("unreachable")
+
     def unfinished(self) -> list[str]:
         assert self.follow is not None
         follow = self.follow
@@ -306,6 +311,7 @@ class _Driver:
         else:
             self.workers.kill(victim, wipe=kind == "state-wipe")
             self.later(now + self.options.worker_down, lambda: self.workers.start(victim))
+        fault.detail["probes"] = self._probe(now)
         print(f"chaos: {kind} {victim} (it wrote last on partitions {owned})", flush=True)
 
     def _kill_broker_when_up(self) -> None:
@@ -319,27 +325,30 @@ class _Driver:
 
     def _kill_broker(self, now: float) -> None:
         admin = clients.new_admin(self.bootstrap)
-        leaders = {
-            p: meta.leader
-            for p, meta in admin.list_topics(self.topic, timeout=10)
-            .topics[self.topic]
-            .partitions.items()
-        }
+        start_topic = load_topology().names(self.prefix)[CMD_START]
+        metadata = admin.list_topics(timeout=10).topics
+        leaders = {p: meta.leader for p, meta in metadata[self.topic].partitions.items()}
+        starts = {p: meta.leader for p, meta in metadata[start_topic].partitions.items()}
         coordinator = _group_coordinator(self.bootstrap, f"{self.prefix}-group")
         others = sorted({n.node_id for n in self.cluster.nodes} - {coordinator})
         turn = self._brokers_killed % (len(others) + 1)
         broker = coordinator if turn == 0 or coordinator < 0 else others[turn - 1]
         self._brokers_killed += 1
         led = sorted(p for p, leader in leaders.items() if leader == broker)
-        fault = Fault(
-            "broker-kill",
-            now,
-            f"broker-{broker}",
-            {"led": led, "group_coordinator": broker == coordinator},
-        )
-        self.faults.append(fault)
         self._brokers_down.add(broker)
         self.cluster.kill_node(broker)
+        fault = Fault(
+            "broker-kill",
+            time.monotonic(),
+            f"broker-{broker}",
+            {
+                "led": led,
+                "start_led": sorted(p for p, leader in starts.items() if leader == broker),
+                "group_coordinator": broker == coordinator,
+            },
+        )
+        self.faults.append(fault)
+        fault.detail["probes"] = self._probe(fault.at)
         print(
             f"chaos: broker-kill node {broker} (led {led}, coordinator {coordinator})", flush=True
         )
@@ -406,53 +415,14 @@ class _Driver:
     def figures(self) -> dict[str, Any]:
         """Failover after each worker fault and the commit gaps after each broker kill."""
         assert self.follow is not None
-        follow = self.follow
-        ends = [f.at for f in self.faults[1:]] + [float("inf")]
-        failover: dict[str, list[float]] = {"kill": [], "stop": []}
-        stalled = 0
-        gaps = []
-        for fault, next_at in zip(self.faults, ends, strict=True):
-            until = min(next_at, fault.at + _WINDOW_S)
-            if fault.kind == "broker-kill":
-                led = set(fault.detail["led"])
-                others = set(range(self.partitions)) - led
-                gap_until = min(next_at, fault.at + self.options.broker_down + 30)
-                for name, subset in (("other", others), ("all", set(range(self.partitions)))):
-                    found = commit_gap(follow, subset, fault.at, gap_until)
-                    fault.detail[f"gap_{name}_s"] = None if found is None else found[0]
-                    fault.detail[f"gap_{name}_from_s"] = None if found is None else found[1]
-                gaps.append(fault.detail)
-                continue
-            back_at = next((t for t in self.workers.back_at[fault.victim] if t > fault.at), None)
-            times = {}
-            for p in fault.detail["partitions"]:
-                with follow.lock:
-                    waited = progress_after(
-                        follow.arrivals[p], fault.at, until, fault.victim, back_at
-                    )
-                times[p] = None if waited is None else round(waited, 2)
-                if waited is None:
-                    stalled += 1
-                else:
-                    failover["stop" if fault.kind == "worker-stop" else "kill"].append(waited)
-            fault.detail["failover_s"] = times
-        kill_median, kill_max = _median_max(failover["kill"])
-        stop_median, stop_max = _median_max(failover["stop"])
         return {
-            "faults_by_kind": dict(Counter(f.kind for f in self.faults)),
-            "faults": [{"kind": f.kind, "victim": f.victim, **f.detail} for f in self.faults],
-            "failover_kill_median_s": kill_median,
-            "failover_kill_max_s": kill_max,
-            "failover_stop_median_s": stop_median,
-            "failover_stop_max_s": stop_max,
-            "failover_partitions_without_progress": stalled,
-            "broker_kill_gap_other_max_s": max(
-                (g["gap_other_s"] for g in gaps if g["gap_other_s"] is not None), default=None
+            **fault_figures(
+                self.faults,
+                self.follow,
+                self.workers.back_at,
+                self.partitions,
+                self.options.broker_down,
             ),
-            "broker_kill_gap_all_max_s": max(
-                (g["gap_all_s"] for g in gaps if g["gap_all_s"] is not None), default=None
-            ),
-            "events_followed": follow.events,
             "unplanned_worker_exits": self.workers.unplanned,
             "worker_tracebacks": self.workers.tracebacks(),
         }
@@ -472,12 +442,6 @@ def _group_coordinator(bootstrap: str, group: str) -> int:
         return clients.describe_group(bootstrap, group).coordinator
     except clients.KafkaException:
         return -1
-
-
-def _median_max(values: list[float]) -> tuple[float | None, float | None]:
-    if not values:
-        return None, None
-    return round(statistics.median(values), 2), round(max(values), 2)
 
 
 def _wait_for_brokers(cluster: Cluster, timeout: float = 120) -> None:
@@ -534,11 +498,18 @@ def format_result(result: ChaosResult) -> Iterator[str]:
         f"chaos: failover after a worker kill: median {f['failover_kill_median_s']} s, max "
         f"{f['failover_kill_max_s']} s; after a stop: median {f['failover_stop_median_s']} s, "
         f"max {f['failover_stop_max_s']} s; partitions without progress in the window "
-        f"{f['failover_partitions_without_progress']}"
+        f"{f['failover_partitions_without_progress']} (a probe started after the fault, answered; "
+        f"the other partitions' probes after a kill: max {f['failover_kill_others_max_s']} s)"
+    )
+    yield (
+        f"chaos: first event by another writer after a worker kill: median "
+        f"{f['new_writer_kill_median_s']} s, max {f['new_writer_kill_max_s']} s (counts idle time)"
     )
     yield (
         f"chaos: longest commit gap after a broker kill: {f['broker_kill_gap_other_max_s']} s "
-        f"on partitions it did not lead, {f['broker_kill_gap_all_max_s']} s on all"
+        f"on partitions it did not lead, {f['broker_kill_gap_all_max_s']} s on all; a start "
+        f"given after the kill answered within {f['broker_kill_probe_spared_max_s']} s on every "
+        "partition whose events and starts it did not lead"
     )
     yield (
         f"chaos: unplanned worker exits {f['unplanned_worker_exits']}, tracebacks in worker "

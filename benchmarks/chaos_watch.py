@@ -3,33 +3,63 @@ those arrivals (failover after a worker fault, the longest commit gap after a br
 
 ``Follow`` tails every partition of the events topic ``read_committed`` from its first offset in a
 background thread and notes, per partition, when each event arrived and which processor wrote it
-(its ``flowstream-writer`` header), and per run when it created its signal wait and its hook and
-when it ended. The driver reads it to know when to resume hooks and signals; the figures are
-computed from it after the run.
+(its ``flowstream-writer`` header), and per run when its first event arrived, when it created its
+signal wait and its hook and when it ended. The driver reads it to know when to resume hooks and
+signals; the figures are computed from it after the run.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+import statistics
 import threading
 import time
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 from benchmarks import harness
 from flowstream import codec, wire
 from flowstream.kafka import clients
 
-__all__ = ["Follow", "RunSeen", "commit_gap", "progress_after"]
+__all__ = [
+    "Fault",
+    "Follow",
+    "RunSeen",
+    "answer_after",
+    "commit_gap",
+    "fault_figures",
+    "progress_after",
+]
 
 TERMINAL = harness.TERMINAL
+#: How long after a fault its figures are read, at most (the next fault ends it sooner).
+_WINDOW_S = 60.0
 _WATCHED = frozenset({"signal_wait_created", "hook_created", *TERMINAL})
 
 
 @dataclass
-class RunSeen:
-    """When (monotonic seconds) the driver saw a run's waits and its end committed."""
+class Fault:
+    kind: str
+    at: float  # monotonic
+    victim: str
+    detail: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # The wall clock to the millisecond, as the workers' log lines print it.
+        now = time.time()
+        self.detail["wall"] = (
+            time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+        )
+
+
+@dataclass
+class RunSeen:
+    """When (monotonic seconds) the driver saw a run's first event, its waits and its end
+    committed."""
+
+    first: float | None = None
     signal_wait: float | None = None
     hook: float | None = None
     ended: float | None = None
@@ -87,9 +117,11 @@ class Follow:
         arrivals.times.append(now)
         arrivals.writers.append(wire.writer_of(message))
         self.events += 1
+        seen = self.runs.get(run_id)
+        if seen is None:
+            seen = self.runs[run_id] = RunSeen(first=now)
         if kind not in _WATCHED:
             return
-        seen = self.runs.setdefault(run_id, RunSeen())
         if kind == "signal_wait_created":
             seen.signal_wait = now
         elif kind == "hook_created":
@@ -112,6 +144,99 @@ class Follow:
         self._consumer.close()
 
 
+def fault_figures(
+    faults: list[Fault],
+    follow: Follow,
+    back_at: dict[str, list[float]],
+    partitions: int,
+    broker_down: float,
+) -> dict[str, Any]:
+    """Failover after each worker fault (its probes answered, and the first event by another
+    writer) and the commit gaps after each broker kill; each fault's figures join its detail."""
+    ends = [f.at for f in faults[1:]] + [float("inf")]
+    failover: dict[str, list[float]] = defaultdict(list)
+    stalled = 0
+    gaps = []
+    for fault, next_at in zip(faults, ends, strict=True):
+        until = min(next_at, fault.at + _WINDOW_S)
+        if fault.kind == "broker-kill":
+            led = set(fault.detail["led"])
+            others = set(range(partitions)) - led
+            gap_until = min(next_at, fault.at + broker_down + 30)
+            for name, subset in (("other", others), ("all", set(range(partitions)))):
+                found = commit_gap(follow, subset, fault.at, gap_until)
+                fault.detail[f"gap_{name}_s"] = None if found is None else found[0]
+                fault.detail[f"gap_{name}_from_s"] = None if found is None else found[1]
+            # A start given right after the kill, answered: on a partition whose events and
+            # starts the dead broker led neither, what the kill cost its runs.
+            spared = others - set(fault.detail.get("start_led", ()))
+            answers = {
+                p: answer_after(follow, run_id, fault.at, gap_until)
+                for p, run_id in fault.detail.pop("probes", {}).items()
+            }
+            fault.detail["probe_s"] = {
+                p: None if t is None else round(t, 2) for p, t in sorted(answers.items())
+            }
+            spared_answers = [answers[p] for p in spared if p in answers]
+            fault.detail["probe_spared_max_s"] = (
+                None
+                if not spared_answers or None in spared_answers
+                else round(max(t for t in spared_answers if t is not None), 2)
+            )
+            gaps.append(fault.detail)
+            continue
+        returned = next((t for t in back_at[fault.victim] if t > fault.at), None)
+        kind = "stop" if fault.kind == "worker-stop" else "kill"
+        times, writers = {}, {}
+        probes: dict[int, str] = fault.detail.pop("probes")
+        for p, run_id in probes.items():
+            answered = answer_after(follow, run_id, fault.at, until)
+            times[p] = None if answered is None else round(answered, 2)
+            if p not in fault.detail["partitions"]:
+                if answered is not None:
+                    failover[f"{kind}-others"].append(answered)
+                continue
+            if answered is None:
+                stalled += 1
+            else:
+                failover[kind].append(answered)
+            with follow.lock:
+                waited = progress_after(follow.arrivals[p], fault.at, until, fault.victim, returned)
+            writers[p] = None if waited is None else round(waited, 2)
+            if waited is not None:
+                failover[f"{kind}-writer"].append(waited)
+        fault.detail["failover_s"] = {p: times[p] for p in fault.detail["partitions"]}
+        fault.detail["others_answered_s"] = {
+            p: t for p, t in times.items() if p not in fault.detail["partitions"]
+        }
+        fault.detail["new_writer_s"] = writers
+    kill_median, kill_max = _median_max(failover["kill"])
+    stop_median, stop_max = _median_max(failover["stop"])
+    return {
+        "faults_by_kind": dict(Counter(f.kind for f in faults)),
+        "faults": [{"kind": f.kind, "victim": f.victim, **f.detail} for f in faults],
+        "failover_kill_median_s": kill_median,
+        "failover_kill_max_s": kill_max,
+        "failover_stop_median_s": stop_median,
+        "failover_stop_max_s": stop_max,
+        "failover_partitions_without_progress": stalled,
+        "failover_kill_others_max_s": _median_max(failover["kill-others"])[1],
+        "new_writer_kill_median_s": _median_max(failover["kill-writer"])[0],
+        "new_writer_kill_max_s": _median_max(failover["kill-writer"])[1],
+        "broker_kill_gap_other_max_s": max(
+            (g["gap_other_s"] for g in gaps if g["gap_other_s"] is not None), default=None
+        ),
+        "broker_kill_gap_all_max_s": max(
+            (g["gap_all_s"] for g in gaps if g["gap_all_s"] is not None), default=None
+        ),
+        "broker_kill_probe_spared_max_s": max(
+            (g["probe_spared_max_s"] for g in gaps if g["probe_spared_max_s"] is not None),
+            default=None,
+        ),
+        "events_followed": follow.events,
+    }
+
+
 def progress_after(
     arrivals: _Arrivals, since: float, until: float, victim: str, back_at: float | None
 ) -> float | None:
@@ -125,6 +250,15 @@ def progress_after(
         if writer != victim or (back_at is not None and t > back_at):
             return t - since
     return None
+
+
+def answer_after(follow: Follow, run_id: str, since: float, until: float) -> float | None:
+    """Seconds from ``since`` to the first committed event of ``run_id`` (a probe started right
+    after a fault); ``None`` if none arrived before ``until``."""
+    seen = follow.seen(run_id)
+    if seen is None or seen.first is None or seen.first > until:
+        return None
+    return seen.first - since
 
 
 def commit_gap(
@@ -143,3 +277,9 @@ def commit_gap(
         return None
     gap, began = max((b - a, a) for a, b in itertools.pairwise(window))
     return round(gap, 2), round(began - since, 2)
+
+
+def _median_max(values: list[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    return round(statistics.median(values), 2), round(max(values), 2)
