@@ -34,7 +34,12 @@ from flowstream.errors import (
     RuntimeBuildUnavailableError,
 )
 from flowstream.model.commands import RuntimeCommand
-from flowstream.model.events import FlowEvent, RunStarted
+from flowstream.model.events import (
+    ChildWorkflowRequested,
+    FlowEvent,
+    RunContinuedAsNew,
+    RunStarted,
+)
 from flowstream.model.snapshot import WorkflowRunSnapshot
 from flowstream.model.spec import WorkflowSpec
 from flowstream.replay.context import HistoryView, WorkflowInvocation
@@ -45,6 +50,11 @@ from flowstream.runtime import FlowRuntime, check_served
 from flowstream.stores.base import Clock, EventStore, utc_now
 
 __all__ = ["ReplayCycle", "maybe_await"]
+
+
+#: The events of a decision that a limit of the engine may refuse (``_check_children``,
+#: ``_check_continuation``); a decision without them is not looked at again.
+_LIMITED = (ChildWorkflowRequested, RunContinuedAsNew)
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,8 +260,9 @@ class ReplayCycle(ABC):
             decision = decide(current, command, moment)
             # The engine's limits (child depth, continuation hops) refuse a decision the same
             # way: recorded for the run, never a silent stop.
-            self._check_children(current, decision.events)
-            self._check_continuation(current, decision.events)
+            if any(isinstance(event, _LIMITED) for event in decision.events):
+                self._check_children(current, decision.events)
+                self._check_continuation(current, decision.events)
         except FlowError as exc:  # nondeterministic, or a command the history or a limit refuses
             return _Failed.of(exc)
         return decision

@@ -173,8 +173,9 @@ def _newest(moment: datetime) -> bytes:
 
 @functools.lru_cache(maxsize=4096)
 def _workflow_prefix(workflow: str, status: str) -> bytes:
+    """(``status``: a ``RunStatus`` or its value, which hash alike.)"""
     name = workflow.encode()
-    return _BY_WORKFLOW + len(name).to_bytes(2, "big") + name + status.encode() + b"\0"
+    return _BY_WORKFLOW + len(name).to_bytes(2, "big") + name + str(status).encode() + b"\0"
 
 
 _STATUS_PREFIX = {status: _BY_STATUS + status.value.encode() + b"\0" for status in RunStatus}
@@ -185,7 +186,7 @@ def _secondary(run_key: bytes, workflow: str, facts: RunFacts) -> tuple[bytes, b
     status = facts.status
     return (
         _STATUS_PREFIX[status] + sort_key,
-        _workflow_prefix(workflow, status.value) + sort_key,
+        _workflow_prefix(workflow, status) + sort_key,
     )
 
 
@@ -195,7 +196,7 @@ def _row_value(state: RunState, facts: RunFacts) -> bytes:
     return orjson.dumps(
         [
             state.spec.name,
-            facts.status.value,
+            facts.status,
             state.spec.runtime_build_id,
             micros(state.created_at),
             facts.micros,
@@ -341,8 +342,8 @@ class RunTable:
             self._count(after, 1)
         elif before.status is not after.status:
             counters = self._counters
-            counters[before.status.value] -= 1
-            counters[after.status.value] += 1
+            counters[before.status] -= 1  # a status counts under its value, which it equals
+            counters[after.status] += 1
         self._held[state.run_id] = after
         self._held.move_to_end(state.run_id)
         return found
@@ -391,7 +392,7 @@ class RunTable:
         if facts is None:
             return
         counters = self._counters
-        counters[facts.status.value] += sign
+        counters[facts.status] += sign
         for item in facts.items:
             counters[SUSPENSION_COUNTERS[item.kind]] += sign
 
