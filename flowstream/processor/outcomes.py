@@ -42,6 +42,12 @@ __all__ = ["Before", "Outcomes", "error_kind"]
 _REASON_CHARS = 1000
 
 
+def _field(command: CommandMessage, name: str) -> Any:
+    """A field of ``command``, ``None`` if its type has none. (``getattr`` with a default costs a
+    caught ``AttributeError`` inside pydantic for the types without it, on every command.)"""
+    return command.__dict__.get(name)
+
+
 def error_kind(exc: BaseException) -> str | None:
     """The ``flowstream.errors`` class a client raises for ``exc``; ``None`` for anything else
     (code that raised: the client raises ``FlowError`` with the reason)."""
@@ -59,7 +65,7 @@ class Before:
 
     @classmethod
     def of(cls, task: Any, command: CommandMessage) -> Before:
-        run_id = getattr(command, "run_id", None)
+        run_id = _field(command, "run_id")
         store = task.store
         if run_id is None or not store.exists(run_id):
             return cls(False, 0, False)
@@ -103,7 +109,7 @@ class Outcomes:
         source: str = "",
     ) -> None:
         """The outcome of ``command`` (nothing for one without a command id)."""
-        command_id = getattr(command, "command_id", None)
+        command_id = None if command is None else _field(command, "command_id")
         if command is None or command_id is None:
             return
         key = routing_key(command)
@@ -143,7 +149,7 @@ class Outcomes:
     ) -> None:
         """``command`` applied without raising: applied, a no-op, or forwarded (to the run
         ``forwarded_to``)."""
-        if getattr(command, "command_id", None) is None:
+        if _field(command, "command_id") is None:
             return  # a processor's own command (a timer, a child's report): no one waits
         status, reason = judge(task, command, before)
         if forwarded_to is not None:
@@ -155,7 +161,7 @@ class Outcomes:
 
 def judge(task: Any, command: CommandMessage, before: Before) -> tuple[OutcomeStatus, str | None]:
     """(status, reason) of a command that applied without raising and went nowhere else."""
-    run_id = getattr(command, "run_id", None)
+    run_id = _field(command, "run_id")
     store = task.store
     if run_id is None or not store.exists(run_id):
         return OutcomeStatus.APPLIED, None

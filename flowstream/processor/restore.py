@@ -254,7 +254,7 @@ class StateRestorer:
             return
         if task.store.has_staged:
             task.store.commit_local(task.store.events_offset)
-        task.restoring = False
+        self.tasks.activate(task)
         took = time.monotonic() - task.restore_began
         self.ctx.metrics.restore_seconds.observe(took)
         self.ctx.metrics.quarantined_runs.set(

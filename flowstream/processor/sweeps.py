@@ -63,11 +63,23 @@ class Sweeper:
         self.boundary = boundary
         self.inbox = inbox
         self._scans: dict[int, _Scan] = {}
+        # The partitions the last scan looked at, and when the first of them is due: until
+        # then, with the same partitions active, a scan has nothing to do (it runs every loop
+        # iteration).
+        self._scanned: list[PartitionTask] = []
+        self._next_due = 0.0
 
     def scan(self) -> None:
         """Queue the stalled runs among the next open runs of each partition that is due."""
         now = time.monotonic()
         active = self.tasks.active()
+        if now < self._next_due and active == self._scanned:
+            return
+        self._scanned = active
+        self._next_due = self._scan(now, active)
+
+    def _scan(self, now: float, active: list[PartitionTask]) -> float:
+        """``scan`` over ``active``; returns when the first partition is due."""
         for partition in set(self._scans) - {t.partition for t in active}:
             del self._scans[partition]
         for task in active:
@@ -97,6 +109,7 @@ class Sweeper:
                 scan.failed.pop(run_id, None)
                 scan.queued.add(run_id)
                 task.to_drive.append(run_id)
+        return min((scan.due for scan in self._scans.values()), default=float("inf"))
 
     def pending(self) -> bool:
         return any(t.to_drive or t.to_retry for t in self.tasks.active())

@@ -67,6 +67,22 @@ class PartitionTask:
     to_drive: deque[str] = field(default_factory=deque)
     # Parked commands still to retry after the restore, a budget per iteration.
     to_retry: deque[tuple[str, str, bytes]] = field(default_factory=deque)
+    # ``positions`` as consumer positions, and the positions they were made of: the pipeline
+    # asks for them on most loop iterations, and they move only when a command is consumed.
+    _offsets: tuple[dict[str, int], list[Any]] = field(default_factory=lambda: ({}, []), repr=False)
+
+    def offsets(self) -> list[Any]:
+        """``positions`` (those known: not negative) as ``TopicPartition``s; the list is shared,
+        callers do not change it."""
+        made_of, offsets = self._offsets
+        if made_of != self.positions:
+            offsets = [
+                clients.TopicPartition(topic, self.partition, position)
+                for topic, position in self.positions.items()
+                if position >= 0
+            ]
+            self._offsets = (dict(self.positions), offsets)
+        return offsets
 
 
 def state_path(root: Path, group: str, prefix: str, partition: int) -> Path:
@@ -107,7 +123,9 @@ class TaskManager:
         self.ctx = ctx
         self._build = build
         self.state_root = state_root
+        # Changed only here (``_lists`` follows it), read anywhere.
         self.owned: dict[int, PartitionTask] = {}
+        self._lists: tuple[list[PartitionTask], list[PartitionTask]] | None = None
         self.command_topics = [
             ctx.topics[s] for s in (CMD_START, CMD_SIGNAL, CMD_HOOK, CMD_CANCEL, CMD_TIMER)
         ]
@@ -129,20 +147,37 @@ class TaskManager:
         return self.owned.get(partition)
 
     def active(self) -> list[PartitionTask]:
-        return [t for t in self.owned.values() if not t.restoring]
+        """The owned tasks restored (a list kept until ``owned`` or a task's ``restoring``
+        changes: every loop iteration asks several times; callers do not change it)."""
+        return self._split()[0]
 
     def restoring(self) -> list[PartitionTask]:
-        return [t for t in self.owned.values() if t.restoring]
+        """The owned tasks still restoring (kept like ``active``)."""
+        return self._split()[1]
+
+    def own(self, task: PartitionTask) -> None:
+        """``task`` is its partition's from now on (in place of any before it)."""
+        self.owned[task.partition] = task
+        self._lists = None
+
+    def activate(self, task: PartitionTask) -> None:
+        """``task`` is restored: it takes decisions from now on."""
+        task.restoring = False
+        self._lists = None
+
+    def _split(self) -> tuple[list[PartitionTask], list[PartitionTask]]:
+        lists = self._lists
+        if lists is None:
+            tasks = list(self.owned.values())
+            lists = self._lists = (
+                [t for t in tasks if not t.restoring],
+                [t for t in tasks if t.restoring],
+            )
+        return lists
 
     def positions(self) -> list[Any]:
         """The consumer position of every command partition of every active partition."""
-        return [
-            clients.TopicPartition(topic, task.partition, position)
-            for task in self.owned.values()
-            if not task.restoring
-            for topic, position in task.positions.items()
-            if position >= 0
-        ]
+        return [tp for task in self.active() for tp in task.offsets()]
 
     def take(self, assigned: list[Any], *, seek: bool = False) -> None:
         """Own the partitions of ``assigned`` from their committed positions: paused until
@@ -205,7 +240,7 @@ class TaskManager:
             task.positions = dict(positions)
             task.committed = dict(positions)
             task.restore_began = task.last_progress = time.monotonic()
-            self.owned[partition] = task
+            self.own(task)
 
     def open(self, partition: int, positions: dict[str, int]) -> PartitionTask:
         """A task for ``partition`` on its store (a store this process just closed, in a reset
@@ -225,6 +260,7 @@ class TaskManager:
     def drop(self, partitions: set[int]) -> None:
         for partition in partitions:
             task = self.owned.pop(partition, None)
+            self._lists = None
             if task is not None:
                 task.store.discard()
                 task.store.close()
@@ -239,13 +275,14 @@ class TaskManager:
         shutil.rmtree(path, ignore_errors=True)
         fresh = self._build(task.partition, path, dict(task.positions))
         fresh.committed = dict(task.committed)
-        self.owned[task.partition] = fresh
+        self.own(fresh)
         return fresh
 
     def close(self) -> None:
         for task in list(self.owned.values()):
             task.store.close()
         self.owned.clear()
+        self._lists = None
 
 
 class _Opening:

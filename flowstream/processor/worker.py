@@ -124,6 +124,7 @@ class Processor:
         # transaction timeout, whatever the commit before it costs.
         self._max_open_s = min(MAX_OPEN_S, MAX_OPEN_SHARE * settings.transaction_timeout_ms / 1000)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._owned = 0  # the owned-partitions gauge's value
 
     @property
     def ready(self) -> asyncio.Event:
@@ -170,7 +171,10 @@ class Processor:
         until = pipeline.decisions_until(budget, self._max_open_s)
         if self._fatal is not None:
             raise self._fatal
-        self.metrics.owned_partitions.set(len(self.tasks.active()))
+        active = len(self.tasks.active())
+        if active != self._owned:  # a gauge set takes its lock: not on every iteration
+            self._owned = active
+            self.metrics.owned_partitions.set(active)
         if restoring:
             aborts = pipeline.aborts
             await self.restorer.restore_slice()

@@ -1,0 +1,170 @@
+"""What the loop asks of the owned partitions on every iteration, kept between changes: the
+active and restoring tasks (``TaskManager``) follow every taking, activation, rebuild and drop,
+and the consumer positions the transactions send follow every position a command moves, and
+every rewind of an abort. The liveness scan, which skips its work until a partition is due,
+still sees a partition the moment it becomes active."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from flowstream.model.events import RunCreated, RunStarted, SignalReceived
+from flowstream.processor import sweeps
+from flowstream.processor.boundary import FailureBoundary
+from flowstream.processor.engine import PartitionEngine
+from flowstream.processor.metrics import ProcessorMetrics
+from flowstream.processor.sweeps import Sweeper
+from flowstream.processor.tasks import PartitionTask, TaskManager
+from flowstream.stores.partition import PartitionStore
+from flowstream.topology import CMD_CANCEL, CMD_HOOK, CMD_SIGNAL, CMD_START, CMD_TIMER
+from tests.support import FakeClock, make_runtime, spec
+
+TOPICS = {name: f"t.{name}" for name in (CMD_START, CMD_SIGNAL, CMD_HOOK, CMD_CANCEL, CMD_TIMER)}
+SPEC = spec("lists", signal_names=("go",))
+
+
+def _never_decides(ctx: Any) -> Any:
+    return ctx.wait_for_signal("w1", "go")
+
+
+class Tasks:
+    """A ``TaskManager`` over real partition stores in ``root`` (no broker: nothing is taken
+    from a consumer, tasks are owned directly)."""
+
+    def __init__(self, root: Path) -> None:
+        self.clock = FakeClock()
+        self.runtime = make_runtime(_never_decides)
+        ctx: Any = SimpleNamespace(topics=TOPICS)
+        self.manager = TaskManager(ctx, self.build, state_root=root)
+        self.root = root
+
+    def build(self, partition: int, path: Path, positions: dict[str, int]) -> PartitionTask:
+        store = PartitionStore(partition, path, lambda *record: None, clock=self.clock)
+        engine = PartitionEngine(
+            store,
+            {None: self.runtime},
+            dispatch=lambda run_id, steps: None,
+            emit=lambda command, behind_start=False: None,
+            clock=self.clock,
+        )
+        return PartitionTask(partition, store, engine, dict(positions), dict(positions))
+
+    def task(self, partition: int, **positions: int) -> PartitionTask:
+        moved = {TOPICS[name]: at for name, at in positions.items()}
+        return self.build(partition, self.root / f"p{partition}", moved)
+
+
+@pytest.fixture
+def tasks(tmp_path: Path) -> Any:
+    owned = Tasks(tmp_path)
+    yield owned
+    owned.manager.close()
+
+
+def _partitions(tasks: list[PartitionTask]) -> list[int]:
+    return sorted(t.partition for t in tasks)
+
+
+def _positions(manager: TaskManager) -> set[tuple[str, int, int]]:
+    return {(tp.topic, tp.partition, tp.offset) for tp in manager.positions()}
+
+
+def test_the_active_and_restoring_tasks_follow_each_change(tasks: Tasks) -> None:
+    manager = tasks.manager
+    first, second = tasks.task(0), tasks.task(1)
+    manager.own(first)
+    manager.own(second)
+    assert _partitions(manager.active()) == [] and _partitions(manager.restoring()) == [0, 1]
+    manager.activate(first)
+    assert manager.active() == [first] and manager.restoring() == [second]
+    manager.activate(second)
+    assert _partitions(manager.active()) == [0, 1] and manager.restoring() == []
+    rebuilt = manager.rebuild(second, "a test rebuilds it")
+    assert manager.active() == [first] and manager.restoring() == [rebuilt]
+    manager.drop({0})
+    assert manager.active() == [] and manager.restoring() == [rebuilt]
+    manager.close()
+    assert manager.active() == [] and manager.restoring() == []
+
+
+def test_the_positions_sent_follow_every_move_and_rewind(tasks: Tasks) -> None:
+    manager = tasks.manager
+    first = tasks.task(0, **{CMD_START: 5, CMD_SIGNAL: -1001})
+    second = tasks.task(1, **{CMD_START: 7})
+    manager.own(first)
+    manager.own(second)
+    assert manager.positions() == []  # nothing restored yet
+    manager.activate(first)
+    assert _positions(manager) == {("t.cmd.start", 0, 5)}  # an unknown position is not sent
+    first.positions["t.cmd.start"] = 6  # a command was consumed
+    first.positions["t.cmd.signal"] = 3
+    assert _positions(manager) == {("t.cmd.start", 0, 6), ("t.cmd.signal", 0, 3)}
+    manager.activate(second)
+    assert _positions(manager) == {
+        ("t.cmd.start", 0, 6),
+        ("t.cmd.signal", 0, 3),
+        ("t.cmd.start", 1, 7),
+    }
+    first.positions = dict(first.committed)  # an abort rewinds to the last commit
+    assert _positions(manager) == {("t.cmd.start", 0, 5), ("t.cmd.start", 1, 7)}
+
+
+def _stalled(task: PartitionTask, run_id: str) -> None:
+    """A run its last owner left right after its signal, before the decision."""
+    store = task.store
+    store.append_if_sequence(run_id, 0, [RunCreated(spec=SPEC, input=None), RunStarted()])
+    store.append_if_sequence(run_id, 2, [SignalReceived(signal_id="s", name="go")])
+    store.commit_local(None)
+
+
+def test_a_partition_that_becomes_active_is_scanned_once_due_however_the_others_stand(
+    tasks: Tasks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [100.0]
+    monkeypatch.setattr(sweeps, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(sweeps, "SCAN_INTERVAL_S", 5.0)
+    first, second = tasks.task(0), tasks.task(1)
+    for task in (first, second):
+        task.restoring = False
+        _stalled(task, f"stalled-{task.partition}")
+    active = [first]
+    ctx: Any = SimpleNamespace(metrics=ProcessorMetrics(), clock=tasks.clock)
+    letters: Any = SimpleNamespace(for_run=lambda *args: None)
+    sweeper = Sweeper(
+        ctx,
+        SimpleNamespace(active=lambda: list(active)),  # type: ignore[arg-type]
+        FailureBoundary(ctx, letters),
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+    )
+
+    def scan_at(at: float) -> tuple[list[str], list[str]]:
+        now[0] = at
+        sweeper.scan()
+        return list(first.to_drive), list(second.to_drive)
+
+    assert scan_at(100.0) == ([], [])  # the first look starts the partition's scan: due at 105
+    active.append(second)
+    assert scan_at(101.0) == ([], [])  # its scan starts now, before the first is due: at 106
+    assert scan_at(104.9) == ([], [])
+    assert scan_at(105.0) == (["stalled-0"], [])
+    assert scan_at(105.5) == (["stalled-0"], [])
+    assert scan_at(106.0) == (["stalled-0"], ["stalled-1"])
+    first.to_drive.clear()
+    second.to_drive.clear()
+    # Partition 1 taken again (a reset): its new task starts a scan of its own.
+    replaced = tasks.build(1, tasks.root / "p1-again", {})
+    replaced.restoring = False
+    active[1] = replaced
+    _stalled(replaced, "stalled-again")
+    scan_at(106.5)
+    scan_at(111.4)
+    assert list(replaced.to_drive) == []
+    scan_at(111.5)
+    assert list(replaced.to_drive) == ["stalled-again"]
+    for task in (first, second, replaced):
+        task.store.close()
