@@ -332,7 +332,10 @@ class _Driver:
         coordinator = _group_coordinator(self.bootstrap, f"{self.prefix}-group")
         others = sorted({n.node_id for n in self.cluster.nodes} - {coordinator})
         turn = self._brokers_killed % (len(others) + 1)
-        broker = coordinator if turn == 0 or coordinator < 0 else others[turn - 1]
+        if coordinator < 0:  # not known now (the group is being described again)
+            broker = others[turn % len(others)]
+        else:
+            broker = coordinator if turn == 0 else others[turn - 1]
         self._brokers_killed += 1
         led = sorted(p for p, leader in leaders.items() if leader == broker)
         self._brokers_down.add(broker)
