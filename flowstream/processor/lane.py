@@ -104,6 +104,8 @@ class Lane:
             try:
                 if after is not None:
                     after.exception(timeout=patience)
+                    if self._given_up:  # given up while this call waited for ``after``
+                        raise LaneGivenUp(f"lane {self.name} was given up")
                 result = call(*args)
             except BaseException as exc:  # handed to whoever waits on the future
                 future.set_exception(exc)

@@ -7,6 +7,7 @@ import ctypes
 import logging
 import threading
 import time
+from concurrent.futures import Future
 
 import pytest
 
@@ -126,4 +127,20 @@ def test_calls_queued_behind_a_call_given_up_never_run() -> None:
     assert isinstance(queued.exception(timeout=5), LaneGivenUp)
     assert ran == []
     assert replacement.submit(lambda: "now").result(timeout=5) == "now"
+    replacement.close()
+
+
+def test_a_call_waiting_for_another_when_its_lane_is_given_up_never_runs() -> None:
+    """A fence chained on the sealed transaction's ``precommit`` waits in the lane's thread;
+    given up meanwhile, it must not go on once ``precommit`` is set."""
+    lane = Lane("test-lane")
+    precommit: Future[None] = Future()
+    ran: list[str] = []
+    waiting = lane.submit(lambda: ran.append("fence"), after=precommit)
+    time.sleep(0.1)
+    assert lane.busy_for() > 0  # waiting for precommit
+    replacement = lane.abandon()
+    precommit.set_result(None)
+    assert isinstance(waiting.exception(timeout=5), LaneGivenUp)
+    assert ran == []
     replacement.close()
