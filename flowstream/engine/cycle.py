@@ -20,6 +20,7 @@ embedded host, and the Kafka processor's ``PartitionEngine`` overrides them for 
 from __future__ import annotations
 
 import inspect
+import types
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -73,10 +74,20 @@ class _Failed:
         return cls(type(exc).__name__, text)
 
 
+#: Types whose values are never awaitable (``inspect.isawaitable`` said so once: it depends on
+#: the type alone, except for a generator, which the ``types.coroutine`` decorator may flag).
+_PLAIN_TYPES: set[type] = {type(None), dict, list, str, int, float, bool}
+
+
 async def maybe_await(value: Any) -> Any:
     """``value``, awaited first when it is awaitable (user code may be sync or async)."""
+    kind = type(value)
+    if kind in _PLAIN_TYPES:
+        return value
     if inspect.isawaitable(value):
         return await value
+    if kind is not types.GeneratorType and len(_PLAIN_TYPES) < 256:
+        _PLAIN_TYPES.add(kind)
     return value
 
 
