@@ -14,7 +14,7 @@ __all__ = ["OFFSETS_QUIET_S", "OFFSETS_STUCK_S", "PipelineView"]
 #: A send of positions (``send_offsets_to_transaction``) running longer than this is taken for
 #: one that never returns: librdkafka can wait for good on a group coordinator whose broker is
 #: gone (its issues 5456 and 5511; after a SIGKILL of the group coordinator's broker, sends
-#: begun 4-5 s after the kill returned only some 35 s later, once the broker was back). A send
+#: begun in the 5 s after it returned 35-300 s later, once the broker was back). A send
 #: takes milliseconds, but one that meets a broker's SIGKILL waits until the cluster has moved
 #: on (the coordinators elsewhere, the dead replica out of the in-sync replicas): sends given up
 #: at 3 s returned 0.2-2.5 s later, and the reset that followed cost more than that wait (the
