@@ -181,6 +181,9 @@ class _Driver:
         self.effects.mkdir(parents=True, exist_ok=True)
         env = {f"FLOWSTREAM_{k.upper()}": v for k, v in options.settings.items()}
         env[EFFECTS_ENV] = str(self.effects)
+        # An unplanned exit leaves its traceback in the worker's log (the CLI prints one line
+        # without it): session X's one exit, a closed store used after a revocation, had none.
+        env["FLOWSTREAM_DEBUG"] = "1"
         self.workers = _Workers(self.bootstrap, prefix, root, env)
         self.client = FlowClient(
             Settings(bootstrap=self.bootstrap, topic_prefix=prefix, group=f"{prefix}-client"),
