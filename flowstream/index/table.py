@@ -46,9 +46,8 @@ from flowstream.index.rows import (
     RunQuery,
     RunRow,
     facts_of,
-    last_error,
     micros,
-    waiting_for,
+    row_values,
 )
 from flowstream.model.snapshot import RunStatus
 from flowstream.replay.state import RunState
@@ -191,22 +190,12 @@ def _secondary(run_key: bytes, workflow: str, facts: RunFacts) -> tuple[bytes, b
 
 
 def _row_value(state: RunState, facts: RunFacts) -> bytes:
-    """The run's row as stored: ``_ROW_FIELDS``' values, times in microseconds."""
-    outcome = state.outcome
-    return orjson.dumps(
-        [
-            state.spec.name,
-            facts.status,
-            state.spec.runtime_build_id,
-            micros(state.created_at),
-            facts.micros,
-            waiting_for(state),
-            last_error(state),
-            None if state.parent is None else state.parent.run_id,
-            None if outcome is None else outcome.successor_run_id,
-            state.last_sequence,
-        ]
-    )
+    """The run's row (``row_values``) as stored: ``_ROW_FIELDS``' values, times in
+    microseconds."""
+    values = row_values(state)
+    values["created_at"] = micros(values["created_at"])
+    values["updated_at"] = facts.micros
+    return orjson.dumps([values[name] for name in _ROW_FIELDS])
 
 
 def _row_of(run_id: str, raw: bytes) -> RunRow:
