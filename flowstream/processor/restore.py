@@ -97,6 +97,8 @@ class StateRestorer:
         for task in ready:
             if (task.events_end or 0) >= (task.restore_target or 0):
                 self.activate(task, finish_until)
+                if self._retaken(ready):
+                    return  # the next slice goes on with the tasks that own them now
         # A partition building its indexes has every record: it is not fetched again.
         fetching = {t.partition: t for t in ready if t.restoring and not t.store.finishing}
         # Partitions nearly caught up (typically this member's own, a transaction marker behind)
@@ -149,6 +151,17 @@ class StateRestorer:
             self._check_stall(task)
             if task.events_end >= (task.restore_target or 0):
                 self.activate(task, finish_until)
+                if self._retaken(list(fetching.values())):
+                    return
+
+    def _retaken(self, tasks: list[PartitionTask]) -> bool:
+        """Whether any of ``tasks`` is no longer its partition's: an activation commits what
+        is open, and a commit given up or fenced takes the partitions again, closing their
+        stores, so the rest of a slice must not go on with the tasks it began with."""
+        if all(self.tasks.get(t.partition) is t for t in tasks):
+            return False
+        self._fetching = {}
+        return True
 
     def _target(self, task: PartitionTask) -> None:
         """Set ``task``'s restore target once the broker has said it (asked again if not)."""
