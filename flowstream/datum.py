@@ -29,8 +29,10 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import orjson
 from pydantic import BaseModel, JsonValue, SecretStr
+from pydantic.fields import FieldInfo
 
 from flowstream.errors import SerializationError
+from flowstream.model.base import JSON_FIELD
 
 __all__ = ["Convert", "RecordPlan", "SchemaMismatchError", "dump_json", "load_json", "plan"]
 
@@ -139,6 +141,14 @@ def _unwrap(annotation: Any) -> Any:
     return annotation
 
 
+def _annotation(field: FieldInfo) -> Any:
+    """A field's type, ``JsonValue`` for a field of the model's ``JSON`` (a validator on
+    ``Any``, its marker kept apart from the annotation by pydantic)."""
+    if any(m is JSON_FIELD for m in field.metadata):
+        return JsonValue
+    return field.annotation
+
+
 def _union_args(annotation: Any) -> tuple[Any, ...] | None:
     if get_origin(annotation) in (Union, types.UnionType):
         return tuple(_unwrap(arg) for arg in get_args(annotation))
@@ -188,7 +198,9 @@ class _Planner:
         if record.get("type") != "record":
             raise SchemaMismatchError(f"{model.__name__} needs an Avro record, found {name}")
         tag = _tag_of(model) if tagged else None
-        fields = {n: f.annotation for n, f in model.model_fields.items() if n != "type" or not tag}
+        fields = {
+            n: _annotation(f) for n, f in model.model_fields.items() if n != "type" or not tag
+        }
         avro_fields = {f["name"]: f["type"] for f in record["fields"]}
         if set(fields) != set(avro_fields):
             missing = sorted(set(fields) - set(avro_fields))

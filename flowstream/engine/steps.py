@@ -9,7 +9,7 @@ from concurrent.futures import Executor
 from datetime import datetime
 from typing import Any
 
-from pydantic import JsonValue, TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from flowstream.engine.cycle import ReplayCycle, maybe_await
 from flowstream.errors import (
@@ -19,7 +19,7 @@ from flowstream.errors import (
     SerializationError,
     UnknownOutcomeError,
 )
-from flowstream.model.base import JSON
+from flowstream.model.base import JSON, json_value
 from flowstream.model.payloads import to_json
 from flowstream.model.snapshot import StepStatus
 from flowstream.model.spec import ExhaustedAction
@@ -173,7 +173,7 @@ async def call_step(
         if result is _NOT_RUN:
             return None
         try:
-            _JSON_VALUE.validate_python(result := to_json(result, "step output"))
+            json_value(result := to_json(result, "step output"))
         except (ValidationError, SerializationError) as exc:
             return None, f"step returned a value that is not JSON: {exc}", False
         return result, None, True
@@ -184,4 +184,3 @@ async def call_step(
 
 
 _NOT_RUN = object()
-_JSON_VALUE: TypeAdapter[JSON] = TypeAdapter(JsonValue)

@@ -45,7 +45,8 @@ def to_json(value: object, what: str = "payload") -> JSON:
     if isinstance(value, _PLAIN):
         return value
     try:
-        return cast(JSON, pydantic_core.to_jsonable_python(value))
+        json: JSON = pydantic_core.to_jsonable_python(value)  # (no cast(): a call per payload)
+        return json
     except pydantic_core.PydanticSerializationError as exc:
         raise SerializationError(
             f"{what} of type {type(value).__name__} cannot be stored as JSON: {exc}"
