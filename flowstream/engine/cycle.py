@@ -55,7 +55,7 @@ __all__ = ["ReplayCycle", "maybe_await"]
 
 #: The events of a decision that a limit of the engine may refuse (``_check_children``,
 #: ``_check_continuation``); a decision without them is not looked at again.
-_LIMITED = (ChildWorkflowRequested, RunContinuedAsNew)
+_LIMITED = frozenset({ChildWorkflowRequested, RunContinuedAsNew})
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,7 +271,7 @@ class ReplayCycle(ABC):
             decision = decide(current, command, moment)
             # The engine's limits (child depth, continuation hops) refuse a decision the same
             # way: recorded for the run, never a silent stop.
-            if any(isinstance(event, _LIMITED) for event in decision.events):
+            if not _LIMITED.isdisjoint(map(type, decision.events)):  # (no generator per decision)
                 self._check_children(current, decision.events)
                 self._check_continuation(current, decision.events)
         except FlowError as exc:  # nondeterministic, or a command the history or a limit refuses

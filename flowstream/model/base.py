@@ -54,8 +54,16 @@ def json_value(value: Any) -> JsonValue:
     its conversions and its errors. ``JsonValue``'s own validation and serialisation call a
     Python function for every value in a payload (its union's discriminator), a few percent of
     the engine's CPU."""
-    if type(value) in _SCALARS or _plain(value):
+    kind = type(value)
+    if kind in _SCALARS:
         return value  # type: ignore[no-any-return]  # (no cast(): a call for every payload)
+    if kind is dict:  # the top level here, the nested levels in ``_plain``
+        for key, item in value.items():
+            if type(key) is not str or (type(item) not in _SCALARS and not _plain(item)):
+                return _JSON_VALUE.validate_python(value)
+        return value  # type: ignore[no-any-return]
+    if _plain(value):
+        return value  # type: ignore[no-any-return]
     return _JSON_VALUE.validate_python(value)
 
 
