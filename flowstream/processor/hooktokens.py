@@ -116,6 +116,11 @@ class HookTokens:
 
     def appended(self, store: PartitionStore, run_id: str, envelopes: list[EventEnvelope]) -> None:
         """Claims and releases for one staged append of ``run_id`` (from the store's sink)."""
+        for envelope in envelopes:
+            if envelope.event.type in _TOKEN_EVENTS:
+                break
+        else:
+            return  # most appends: no hook or terminal event
         state = store.cached_state(run_id)
         for envelope in envelopes:
             event = envelope.event

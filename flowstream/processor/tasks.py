@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 import shutil
 import threading
 import time
@@ -126,6 +127,10 @@ class TaskManager:
         # Changed only here (``_lists`` follows it), read anywhere.
         self.owned: dict[int, PartitionTask] = {}
         self._lists: tuple[list[PartitionTask], list[PartitionTask]] | None = None
+        # ``positions()``: the active list and each task's offsets it was joined from, and the
+        # joined list (the same object while none of them changed: the pipeline compares it by
+        # identity on every loop iteration).
+        self._positions: tuple[list[PartitionTask], list[list[Any]], list[Any]] = ([], [], [])
         self.command_topics = [
             ctx.topics[s] for s in (CMD_START, CMD_SIGNAL, CMD_HOOK, CMD_CANCEL, CMD_TIMER)
         ]
@@ -176,8 +181,16 @@ class TaskManager:
         return lists
 
     def positions(self) -> list[Any]:
-        """The consumer position of every command partition of every active partition."""
-        return [tp for task in self.active() for tp in task.offsets()]
+        """The consumer position of every command partition of every active partition; the
+        same list (callers do not change it) until a task's positions or the active tasks
+        change."""
+        active = self.active()
+        parts = [task.offsets() for task in active]
+        made_of, joined_parts, joined = self._positions
+        if made_of is not active or any(map(operator.is_not, parts, joined_parts)):
+            joined = [tp for part in parts for tp in part]
+            self._positions = (active, parts, joined)
+        return joined
 
     def take(self, assigned: list[Any], *, seek: bool = False) -> None:
         """Own the partitions of ``assigned`` from their committed positions: paused until

@@ -499,3 +499,37 @@ def test_the_loop_is_told_as_each_fence_and_commit_finishes() -> None:
     assert txn.commit is not None
     machine.scheduler.run_until(txn.commit)
     assert txn.commit in done
+
+
+@pytest.mark.parametrize("spare_fenced", [True, False])
+def test_the_loop_is_told_when_a_promoted_spare_may_open(spare_fenced: bool) -> None:
+    """A spare promoted with nothing to send again gets no fence of its own: the loop is told as
+    the sealed one's records are written, and as the spare's first fence returns if that is
+    later (a spare's first fence alone tells nothing: nothing waits for it until then)."""
+    machine = PipelineMachine()
+    machine.host.anchoring = False  # nothing to register: the promotion sends nothing
+    done: list[Any] = []
+    machine.pipeline.on_done = done.append
+    machine.command(0)
+    opened = machine.pipeline.open
+    assert opened is not None
+    machine.scheduler.run_until(opened.fence)  # type: ignore[arg-type]
+    machine.release_refence_spare()
+    spare = machine.pipeline.spare
+    assert spare is not None and spare.fence is not None
+    if spare_fenced:
+        machine.scheduler.run_until(spare.fence)
+    assert spare.fence not in done
+    queued = sum(len(lane.queue) for lane in machine.scheduler.lanes)
+    machine.seal()
+    sealed = machine.pipeline.sealed
+    assert sealed is not None and sealed.precommit is not None
+    assert machine.pipeline.open is spare and spare.state is TxnState.FENCING
+    # Only the commit was queued: no lane call for the promotion.
+    assert sum(len(lane.queue) for lane in machine.scheduler.lanes) == queued + 1
+    done.clear()
+    machine.scheduler.run_until(sealed.precommit)
+    machine.scheduler.run_until(spare.fence)
+    assert sealed.precommit in done and (spare_fenced or spare.fence in done)
+    machine.pipeline.release()
+    assert spare.state.value == "open"  # (not "is": mypy keeps the FENCING it saw above)

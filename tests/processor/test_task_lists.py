@@ -1,7 +1,8 @@
 """What the loop asks of the owned partitions on every iteration, kept between changes: the
 active and restoring tasks (``TaskManager``) follow every taking, activation, rebuild and drop,
 and the consumer positions the transactions send follow every position a command moves, and
-every rewind of an abort. The liveness scan, which skips its work until a partition is due,
+every rewind of an abort (the list itself is kept while nothing moved, and so is the named copy
+a lane sends). The liveness scan, which skips its work until a partition is due,
 still sees a partition the moment it becomes active."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from flowstream.kafka import clients
 from flowstream.model.events import RunCreated, RunStarted, SignalReceived
 from flowstream.processor import sweeps
 from flowstream.processor.boundary import FailureBoundary
@@ -19,6 +21,8 @@ from flowstream.processor.engine import PartitionEngine
 from flowstream.processor.metrics import ProcessorMetrics
 from flowstream.processor.sweeps import Sweeper
 from flowstream.processor.tasks import PartitionTask, TaskManager
+from flowstream.processor.txn.slot import ProducerSlot
+from flowstream.processor.txn.state import Txn
 from flowstream.stores.partition import PartitionStore
 from flowstream.topology import CMD_CANCEL, CMD_HOOK, CMD_SIGNAL, CMD_START, CMD_TIMER
 from tests.support import FakeClock, make_runtime, spec
@@ -46,7 +50,7 @@ class Tasks:
         store = PartitionStore(partition, path, lambda *record: None, clock=self.clock)
         engine = PartitionEngine(
             store,
-            {None: self.runtime},
+            {None: self.runtime},  # type: ignore[dict-item]
             dispatch=lambda run_id, steps: None,
             emit=lambda command, behind_start=False: None,
             clock=self.clock,
@@ -168,3 +172,62 @@ def test_a_partition_that_becomes_active_is_scanned_once_due_however_the_others_
     assert list(replaced.to_drive) == ["stalled-again"]
     for task in (first, second, replaced):
         task.store.close()
+
+
+def test_the_positions_list_is_the_same_object_until_something_moves(tasks: Tasks) -> None:
+    """The pipeline tells unmoved positions by identity (``Txn.sent``): the list is kept while
+    nothing moved, and made again for a move, a rewind and a change of the active tasks."""
+    manager = tasks.manager
+    first, second = tasks.task(0, **{CMD_START: 5}), tasks.task(1, **{CMD_START: 7})
+    manager.own(first)
+    manager.own(second)
+    manager.activate(first)
+    kept = manager.positions()
+    assert manager.positions() is kept
+    first.positions["t.cmd.start"] = 6
+    moved = manager.positions()
+    assert moved is not kept and _positions(manager) == {("t.cmd.start", 0, 6)}
+    assert manager.positions() is moved
+    manager.activate(second)
+    both = manager.positions()
+    assert both is not moved and _positions(manager) == {
+        ("t.cmd.start", 0, 6),
+        ("t.cmd.start", 1, 7),
+    }
+    first.positions = dict(first.committed)  # a rewind
+    rewound = manager.positions()
+    assert rewound is not both and _positions(manager) == {
+        ("t.cmd.start", 0, 5),
+        ("t.cmd.start", 1, 7),
+    }
+    manager.drop({1})
+    assert manager.positions() is not rewound and _positions(manager) == {("t.cmd.start", 0, 5)}
+
+
+def test_a_transaction_tells_the_positions_it_sent_and_names_them_again_only_when_new() -> None:
+    """``Txn.sent`` compares by identity first and by value otherwise; the named copy of the
+    positions a lane sends is made again for another list or another writer."""
+
+    def tps(*offsets: int) -> list[Any]:
+        return [clients.TopicPartition("t.cmd.start", p, o) for p, o in enumerate(offsets)]
+
+    txn = Txn(1, ProducerSlot(0, lane=object()))
+    sent = tps(5, 7)
+    txn.fence_with(sent)
+    assert txn.sent(sent)
+    same = tps(5, 7)  # another list, the same positions
+    assert txn.sent(same) and txn.fenced_list is same
+    assert not txn.sent(tps(6, 7)) and not txn.sent(tps(5)) and not txn.sent(tps(5, 7, 1))
+
+    slot = ProducerSlot(0, lane=object())
+    slot.writer = "w/1"
+    named = slot.named(sent)
+    assert [(tp.topic, tp.partition, tp.offset, tp.metadata) for tp in named] == [
+        ("t.cmd.start", 0, 5, "w/1"),
+        ("t.cmd.start", 1, 7, "w/1"),
+    ]
+    assert slot.named(sent) is named
+    assert [tp.offset for tp in slot.named(tps(6, 7))] == [6, 7]
+    slot.writer = "w/2"  # a new producer, a new writer
+    assert [tp.metadata for tp in slot.named(sent)] == ["w/2", "w/2"]
+    assert [(tp.offset, tp.metadata) for tp in slot.named(tps(6, 7))] == [(6, "w/2"), (7, "w/2")]

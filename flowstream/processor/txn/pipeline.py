@@ -51,7 +51,7 @@ from flowstream.kafka import clients
 from flowstream.processor.txn.errors import Abort, InDoubt, is_fatal, retrying
 from flowstream.processor.txn.recovery import PipelineRecovery
 from flowstream.processor.txn.slot import ProducerSlot, Record
-from flowstream.processor.txn.state import PipelineHost, Txn, TxnState, offsets_key
+from flowstream.processor.txn.state import PipelineHost, Txn, TxnState
 from flowstream.processor.txn.view import OFFSETS_QUIET_S, OFFSETS_STUCK_S, PipelineView
 
 __all__ = ["TransactionPipeline"]
@@ -59,11 +59,13 @@ __all__ = ["TransactionPipeline"]
 LOG = logging.getLogger("flowstream.processor")
 
 
-def named(offsets: list[Any], writer: str) -> list[Any]:
-    """``offsets``, each naming its writer: the next owner fences it (``processor.fence``)."""
-    return [
-        clients.TopicPartition(tp.topic, tp.partition, tp.offset, metadata=writer) for tp in offsets
-    ]
+def _tell_when_open(txn: Txn, precommit: Future[None], on_done: Callable[[Any], None]) -> None:
+    """``on_done`` as the promoted ``txn`` may open: once the sealed one's records are written
+    (``precommit``) and its own fence went through, whichever is last."""
+    precommit.add_done_callback(on_done)
+    fence = txn.fence
+    if fence is not None and not fence.done():  # begun without a wake (``begin_spare``)
+        fence.add_done_callback(on_done)
 
 
 class TransactionPipeline(PipelineRecovery, PipelineView):
@@ -186,12 +188,13 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
         anchors: list[int],
         *,
         after: Future[Any] | None,
+        wake: bool = True,
     ) -> None:
         """Submit the call that sends ``txn``'s positions (and registers its anchors) once
-        ``after`` is done; a transaction is FENCING until that call returned."""
+        ``after`` is done (FENCING until it returned); ``wake``: the loop waits for it."""
         metadata = self.group_metadata() if offsets else None
         if offsets:
-            txn.fenced = offsets_key(offsets)
+            txn.fence_with(offsets)
         if txn.state is TxnState.BEGUN:
             txn.move(TxnState.FENCING)
         before = txn.fence
@@ -206,7 +209,7 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
             after=after,
             patience=self.stuck_s,
         )
-        if self.on_done is not None:
+        if wake and self.on_done is not None:
             txn.fence.add_done_callback(self.on_done)
 
     def _send_fence(
@@ -228,7 +231,7 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
         for partition in anchors:
             slot.send(Record(slot.events_topic, partition, b"", b"", wire.ANCHOR_HEADERS))
         if offsets is not None:
-            self.send_offsets(slot, named(offsets, slot.writer), metadata)
+            self.send_offsets(slot, slot.named(offsets), metadata)
         if anchors:
             slot.producer.flush(30)
         if slot.error is not None and is_fatal(slot.error):
@@ -279,10 +282,10 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
         if txn.state is not TxnState.OPEN:
             return
         offsets = self.host.positions()
-        if not offsets or offsets_key(offsets) == txn.fenced:
+        if not offsets or txn.sent(offsets):
             return
         txn.refenced = True
-        self._fence(txn, offsets, [], after=self._precommit())
+        self._fence(txn, offsets, [], after=self._precommit(), wake=False)  # OPEN: not waited
 
     def begin_spare(self) -> None:
         """Begin the transaction after the open one on the other producer while nothing is
@@ -305,7 +308,7 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
         self._numbers += 1
         spare = Txn(self._numbers, slot, opened=self._clock())
         self.spare = spare
-        self._fence(spare, offsets, [], after=txn.fence)
+        self._fence(spare, offsets, [], after=txn.fence, wake=False)  # waited once promoted
 
     def group_metadata(self) -> Any:
         """Fetched once per generation: it costs more than beginning a transaction."""
@@ -333,7 +336,7 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
             self._fence(txn, offsets, [], after=None)  # begun while nothing was owned
         self.release()
         records, txn.deferred = txn.deferred, []
-        moved = offsets_key(offsets) != txn.fenced
+        moved = not txn.sent(offsets)
         metadata = self.group_metadata() if moved else None
         txn.sealed = self.host.seal()
         eager = txn.decided and reopen
@@ -358,11 +361,13 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
         spare, self.spare = self.spare, None
         if spare is not None:
             self.open = spare
-            # Positions the sealed one sends again go out after the spare's: follow them.
-            # Chained on the sealed one's precommit in every case (its records come first).
-            self._fence(
-                spare, self.host.positions() if moved else None, anchors, after=txn.precommit
-            )
+            # Positions sent again and anchors go after its precommit; else the gate waits for it.
+            if moved or anchors:
+                self._fence(
+                    spare, self.host.positions() if moved else None, anchors, after=txn.precommit
+                )
+            elif self.on_done is not None:
+                _tell_when_open(spare, txn.precommit, self.on_done)
         elif eager:
             self._begin_on_kafka(anchors)
         if self.open is not None:
@@ -392,7 +397,7 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
             for record in records:
                 slot.send(record)
             if offsets is not None:
-                self.send_offsets(slot, named(offsets, slot.writer), metadata)
+                self.send_offsets(slot, slot.named(offsets), metadata)
             if producer.flush(30):
                 raise Abort("records were not delivered within 30 s")
             if slot.error is not None:

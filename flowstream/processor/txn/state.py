@@ -42,6 +42,9 @@ class Txn:
     #: The lane call that sent its positions (the last of them, if sent again).
     fence: Future[None] | None = None
     fenced: tuple[tuple[str, int, int], ...] = ()
+    #: The positions list ``fenced`` was taken from: the host hands out the same list while
+    #: nothing moved, so most checks are one identity test (``sent``).
+    fenced_list: list[Any] | None = None
     refenced: bool = False
     deferred: list[Record] = field(default_factory=list)
     #: Decisions were taken in it (it was not only begun ahead of them).
@@ -57,6 +60,20 @@ class Txn:
     precommit: Future[None] | None = None
     commit: Future[None] | None = None
     sealed: Any = None
+
+    def fence_with(self, offsets: list[Any]) -> None:
+        """``offsets`` are the positions its fence sends."""
+        self.fenced = offsets_key(offsets)
+        self.fenced_list = offsets
+
+    def sent(self, offsets: list[Any]) -> bool:
+        """``offsets`` hold the positions its fence sent last."""
+        if offsets is self.fenced_list:
+            return True
+        if offsets_key(offsets) != self.fenced:
+            return False
+        self.fenced_list = offsets  # the same positions: the next check is an identity test
+        return True
 
     def move(self, state: TxnState) -> None:
         if state not in TRANSITIONS[self.state]:
