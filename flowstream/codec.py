@@ -191,6 +191,8 @@ class _Reader:
     parsed: Any
     header: bytes
     plan: RecordPlan
+    #: The named types ``parsed`` holds, as ``_write_datum`` wants them.
+    named: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +248,9 @@ class AvroCodec:
     @staticmethod
     def _reader(name: str, model: type[BaseModel], resolved: dict[str, Any]) -> _Reader:
         record_plan = plan(model, resolved, tagged=model is not EventEnvelope)
-        return _Reader(name, model, fastavro.parse_schema(resolved), _header(resolved), record_plan)
+        named: dict[str, Any] = {}
+        parsed = fastavro.parse_schema(resolved, named)
+        return _Reader(name, model, parsed, _header(resolved), record_plan, named)
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -360,10 +364,18 @@ class AvroCodec:
 
     @staticmethod
     def _encode(value: BaseModel, reader: _Reader, run_id: str | None) -> bytes:
-        buffer = io.BytesIO()
-        buffer.write(reader.header)
         try:
-            fastavro.schemaless_writer(buffer, reader.parsed, reader.plan.to_datum(value))
+            datum = reader.plan.to_datum(value)
+            if _write_datum is not None:
+                body = bytearray(reader.header)
+                try:
+                    _write_datum(body, datum, reader.parsed, reader.named, "", _WRITE_OPTIONS)
+                    return bytes(body)
+                except TypeError:
+                    pass  # a wrong datum: schemaless_writer raises it again, as it always did
+            buffer = io.BytesIO()
+            buffer.write(reader.header)
+            fastavro.schemaless_writer(buffer, reader.parsed, datum)
         except SerializationError as exc:
             raise SerializationError(f"cannot encode {reader.name}: {exc}", run_id=run_id) from None
         except Exception as exc:
@@ -454,6 +466,34 @@ def _head_plan(resolved: dict[str, Any]) -> tuple[str, ...] | None:
             return None
         types.append(kind)
     return tuple(types)
+
+
+_WRITE_OPTIONS = {"strict": False, "strict_allow_default": False, "disable_tuple_notation": False}
+
+
+def _datum_writer() -> Any:
+    """fastavro's compiled writer of one datum, if this fastavro has it as expected, else
+    ``None``. ``schemaless_writer`` calls it after parsing the parsed schema again and copying
+    its named types, a fifth of an envelope's encoding; checked here against it."""
+    try:
+        from fastavro import _write
+
+        if not getattr(_write, "CYTHON_MODULE", 0):
+            return None
+        write_data = _write.write_data  # type: ignore[attr-defined]
+        schema = {"type": "record", "name": "check", "fields": [{"name": "a", "type": "long"}]}
+        named: dict[str, Any] = {}
+        parsed = fastavro.parse_schema(schema, named)
+        expected = io.BytesIO()
+        fastavro.schemaless_writer(expected, parsed, {"a": 150})
+        body = bytearray(b"-")
+        write_data(body, {"a": 150}, parsed, named, "", _WRITE_OPTIONS)
+        return write_data if bytes(body) == b"-" + expected.getvalue() else None
+    except Exception:  # another fastavro: schemaless_writer does it all
+        return None
+
+
+_write_datum = _datum_writer()
 
 
 def _long(data: bytes, at: int) -> tuple[int, int]:

@@ -1,0 +1,42 @@
+"""The codec writes a datum with fastavro's compiled writer when this fastavro has it as
+expected (``codec._write_datum``), and with ``schemaless_writer`` otherwise: both give the same
+bytes, and a value neither can write fails the same way through either."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from flowstream import codec
+from flowstream.errors import SerializationError
+from flowstream.model.messages import CommandOutcome, OutcomeStatus
+from tests.codec.samples import envelope, sample_events
+
+
+def _encodings() -> list[bytes]:
+    fresh = codec.AvroCodec()
+    events = [fresh.encode_event(envelope(event)) for event in sample_events()]
+    outcome = CommandOutcome(
+        command_id="c-1", key="run-1", command="start_run", status=OutcomeStatus.APPLIED
+    )
+    return [*events, fresh.encode_message(outcome)]
+
+
+def test_both_writers_give_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert codec._write_datum is not None  # this fastavro has the compiled writer
+    fast = _encodings()
+    monkeypatch.setattr(codec, "_write_datum", None)
+    assert _encodings() == fast
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_value_neither_writes_fails_alike(fast: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not fast:
+        monkeypatch.setattr(codec, "_write_datum", None)
+    wrong: Any = 7  # not a string: pydantic would refuse it, model_construct does not
+    outcome = CommandOutcome.model_construct(
+        command_id="c-1", key=wrong, command="start_run", status=OutcomeStatus.APPLIED
+    )
+    with pytest.raises(SerializationError, match="must be string on field key"):
+        codec.AvroCodec().encode_message(outcome)
