@@ -24,6 +24,9 @@ from flowstream.kafka import clients
 LOG = logging.getLogger("flowstream.processor")
 
 _STOP = object()
+#: A call that ran longer than this is logged (with its outcome): what a broker's failover
+#: costs a transaction, seen without giving any call up.
+SLOW_CALL_S = 2.0
 
 
 class LaneGivenUp(RuntimeError):
@@ -100,12 +103,13 @@ class Lane:
             if self._given_up:
                 future.set_exception(LaneGivenUp(f"lane {self.name} was given up"))
                 continue
-            self._busy_since = time.monotonic()
+            called = self._busy_since = time.monotonic()
             try:
                 if after is not None:
                     after.exception(timeout=patience)
                     if self._given_up:  # given up while this call waited for ``after``
                         raise LaneGivenUp(f"lane {self.name} was given up")
+                called = time.monotonic()
                 result = call(*args)
             except BaseException as exc:  # handed to whoever waits on the future
                 future.set_exception(exc)
@@ -115,21 +119,36 @@ class Lane:
                 future.set_result(result)
             finally:
                 self._busy_since = None
-                self._note_late_return(call, future)
+                self._note_return(call, future, called)
 
-    def _note_late_return(self, call: Callable[..., Any], future: Future[Any]) -> None:
+    def _note_return(self, call: Callable[..., Any], future: Future[Any], called: float) -> None:
+        """Log a call given up when it returns, and any other call that ran over
+        ``SLOW_CALL_S`` (from when it was called, after any wait for ``after``)."""
         abandoned = self._abandoned
         if abandoned is None:
+            took = time.monotonic() - called
+            if took > SLOW_CALL_S:
+                LOG.info(
+                    "lane %s: the call %s took %.2f s (%s)",
+                    self.name,
+                    getattr(call, "__name__", type(call).__name__),
+                    took,
+                    _outcome(future),
+                )
             return
         self._abandoned = None
         gave_up, began = abandoned
         now = time.monotonic()
-        error = future.exception() if future.done() else None
         LOG.info(
             "lane %s: the call %s given up after %.2f s returned %.2f s after it began (%s)",
             self.name,
             getattr(call, "__name__", type(call).__name__),
             gave_up - began,
             now - began,
-            "ok" if error is None else f"{type(error).__name__}: {error}",
+            _outcome(future),
         )
+
+
+def _outcome(future: Future[Any]) -> str:
+    error = future.exception() if future.done() else None
+    return "ok" if error is None else f"{type(error).__name__}: {error}"

@@ -144,3 +144,30 @@ def test_a_call_waiting_for_another_when_its_lane_is_given_up_never_runs() -> No
     assert isinstance(waiting.exception(timeout=5), LaneGivenUp)
     assert ran == []
     replacement.close()
+
+
+def test_a_slow_call_says_how_long_it_took(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a broker's failover costs a send of positions or a commit shows in the log without
+    giving the call up; the wait for ``after`` is not counted, and a quick call says nothing."""
+    monkeypatch.setattr("flowstream.processor.lane.SLOW_CALL_S", 0.2)
+    lane = Lane("test-lane")
+    before: Future[None] = Future()
+
+    def commit_blocking() -> None:
+        time.sleep(0.3)
+        raise ValueError("no")
+
+    with caplog.at_level(logging.INFO, "flowstream.processor"):
+        slow = lane.submit(commit_blocking, after=before)
+        time.sleep(0.5)  # waiting for ``after``: not the call's time
+        before.set_result(None)
+        assert isinstance(slow.exception(timeout=5), ValueError)
+        assert lane.submit(lambda: 1).result(timeout=5) == 1
+        lane.close()
+        lane._thread.join(5)
+    lines = [r.getMessage() for r in caplog.records if "took" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("lane test-lane: the call commit_blocking took 0.")
+    assert lines[0].endswith(" s (ValueError: no)")

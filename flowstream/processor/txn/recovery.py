@@ -168,8 +168,11 @@ class PipelineRecovery:
         producers as if fenced (a new one's ``init_transactions`` aborts what the old had)."""
         why = f"hangs (over {self.stuck_s:.0f} s)"
         if self.offsets_hang():
-            self._offsets_gave_up = time.monotonic()
-            why = f"hangs sending positions (over {self.offsets_stuck_s:.0f} s)"
+            now = self._offsets_gave_up = time.monotonic()
+            # Read once each: the lane's thread clears it when the send returns.
+            began = [b for b in (slot.offsets_since for slot in self.slots) if b is not None]
+            ran = f", for {now - min(began):.1f} s" if began else ""
+            why = f"hangs sending positions (over {self.offsets_stuck_s:g} s{ran})"
         self.metrics.aborts.inc()
         self.aborts += 1
         for slot in self.slots:
