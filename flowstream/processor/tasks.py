@@ -68,21 +68,25 @@ class PartitionTask:
     to_drive: deque[str] = field(default_factory=deque)
     # Parked commands still to retry after the restore, a budget per iteration.
     to_retry: deque[tuple[str, str, bytes]] = field(default_factory=deque)
-    # ``positions`` as consumer positions, and the positions they were made of: the pipeline
-    # asks for them on most loop iterations, and they move only when a command is consumed.
-    _offsets: tuple[dict[str, int], list[Any]] = field(default_factory=lambda: ({}, []), repr=False)
+    # ``positions`` as consumer positions, the positions and writer they were made of: the
+    # pipeline asks for them on most loop iterations, and they move only when a command is
+    # consumed.
+    _offsets: tuple[dict[str, int], str, list[Any]] = field(
+        default_factory=lambda: ({}, "", []), repr=False
+    )
 
-    def offsets(self) -> list[Any]:
-        """``positions`` (those known: not negative) as ``TopicPartition``s; the list is shared,
-        callers do not change it."""
-        made_of, offsets = self._offsets
-        if made_of != self.positions:
+    def offsets(self, writer: str = "") -> list[Any]:
+        """``positions`` (those known: not negative) as ``TopicPartition``s naming ``writer``
+        (what the positions a transaction sends carry: ``ProducerSlot.named``); the list is
+        shared, callers do not change it."""
+        made_of, made_for, offsets = self._offsets
+        if made_of != self.positions or made_for != writer:
             offsets = [
-                clients.TopicPartition(topic, self.partition, position)
+                clients.TopicPartition(topic, self.partition, position, metadata=writer)
                 for topic, position in self.positions.items()
                 if position >= 0
             ]
-            self._offsets = (dict(self.positions), offsets)
+            self._offsets = (dict(self.positions), writer, offsets)
         return offsets
 
 
@@ -181,11 +185,12 @@ class TaskManager:
         return lists
 
     def positions(self) -> list[Any]:
-        """The consumer position of every command partition of every active partition; the
-        same list (callers do not change it) until a task's positions or the active tasks
-        change."""
+        """The consumer position of every command partition of every active partition, each
+        naming the context's writer; the same list (callers do not change it) until a task's
+        positions, the active tasks or the writer change."""
         active = self.active()
-        parts = [task.offsets() for task in active]
+        writer = self.ctx.writer
+        parts = [task.offsets(writer) for task in active]
         made_of, joined_parts, joined = self._positions
         if made_of is not active or any(map(operator.is_not, parts, joined_parts)):
             joined = [tp for part in parts for tp in part]

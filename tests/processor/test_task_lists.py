@@ -42,7 +42,7 @@ class Tasks:
     def __init__(self, root: Path) -> None:
         self.clock = FakeClock()
         self.runtime = make_runtime(_never_decides)
-        ctx: Any = SimpleNamespace(topics=TOPICS)
+        ctx: Any = SimpleNamespace(topics=TOPICS, writer="w/1")
         self.manager = TaskManager(ctx, self.build, state_root=root)
         self.root = root
 
@@ -231,3 +231,24 @@ def test_a_transaction_tells_the_positions_it_sent_and_names_them_again_only_whe
     slot.writer = "w/2"  # a new producer, a new writer
     assert [tp.metadata for tp in slot.named(sent)] == ["w/2", "w/2"]
     assert [(tp.offset, tp.metadata) for tp in slot.named(tps(6, 7))] == [(6, "w/2"), (7, "w/2")]
+
+
+def test_the_positions_name_the_writer_and_a_lane_sends_them_as_they_are(tasks: Tasks) -> None:
+    """The host's positions carry the context's writer, so the slot sends that very list; a new
+    writer (a reset) gives a new list naming it, and a slot whose writer differs names a copy."""
+    manager = tasks.manager
+    first = tasks.task(0, **{CMD_START: 5})
+    manager.own(first)
+    manager.activate(first)
+    positions = manager.positions()
+    assert [tp.metadata for tp in positions] == ["w/1"]
+    slot = ProducerSlot(0, lane=object())
+    slot.writer = "w/1"
+    assert slot.named(positions) is positions
+    manager.ctx.writer = "w/2"  # the producers were replaced
+    renamed = manager.positions()
+    assert renamed is not positions
+    assert [(tp.offset, tp.metadata) for tp in renamed] == [(5, "w/2")]
+    named = slot.named(renamed)  # a slot still on the old writer names a copy
+    assert [(tp.offset, tp.metadata) for tp in named] == [(5, "w/1")]
+    assert manager.positions() is renamed

@@ -77,16 +77,21 @@ class ProducerSlot:
         self._named: tuple[list[Any] | None, str, list[Any]] = (None, "", [])
 
     def named(self, offsets: list[Any]) -> list[Any]:
-        """``offsets``, each naming the writer (the next owner fences it: ``processor.fence``);
-        made again only for another list (the host hands out the same list while nothing
-        moved) or another writer. The slot's lane calls it; callers do not change the list."""
+        """``offsets``, each naming the writer (the next owner fences it: ``processor.fence``):
+        ``offsets`` themselves when they name it (the host's do, unless the writer changed
+        since), else a named copy, made again only for another list or another writer. The
+        slot's lane calls it; callers do not change the list."""
         made_of, made_for, made = self._named
         writer = self.writer
         if made_of is not offsets or made_for != writer:
-            made = [
-                clients.TopicPartition(tp.topic, tp.partition, tp.offset, metadata=writer)
-                for tp in offsets
-            ]
+            made = offsets
+            for tp in offsets:  # the host names its writer already, unless it changed since
+                if tp.metadata != writer:
+                    made = [
+                        clients.TopicPartition(tp.topic, tp.partition, tp.offset, metadata=writer)
+                        for tp in offsets
+                    ]
+                    break
             self._named = (offsets, writer, made)
         return made
 

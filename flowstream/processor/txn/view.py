@@ -56,19 +56,27 @@ class PipelineView:
     def stuck(self) -> bool:
         """A transactional call has run past ``stuck_s``, or a send of positions past
         ``offsets_stuck_s``: the producers are to be given up."""
-        busy = max(float(slot.lane.busy_for()) for slot in self.slots)
-        return busy > self.stuck_s or self.offsets_hang()
+        # (No generators: the loop asks on every iteration.)
+        first, second = self.slots
+        stuck_s = self.stuck_s
+        if first.lane.busy_for() > stuck_s or second.lane.busy_for() > stuck_s:
+            return True
+        return self.offsets_hang()
 
     def offsets_hang(self) -> bool:
         """A send of positions has run past ``offsets_stuck_s`` (none is given up so for
         ``OFFSETS_QUIET_S`` after the last)."""
+        first, second = self.slots
+        if first.offsets_since is None and second.offsets_since is None:
+            return False  # no send of positions runs (nearly every loop iteration)
         now = time.monotonic()
         if now - self._offsets_gave_up < OFFSETS_QUIET_S:
             return False
-        return any(
-            slot.offsets_since is not None and now - slot.offsets_since > self.offsets_stuck_s
-            for slot in self.slots
-        )
+        for slot in self.slots:
+            since = slot.offsets_since
+            if since is not None and now - since > self.offsets_stuck_s:
+                return True
+        return False
 
     def decisions_until(self, budget_s: float, max_open_s: float) -> float:
         """Until when decisions may join the open transaction: ``budget_s`` from now, and never
