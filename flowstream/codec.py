@@ -47,6 +47,7 @@ from flowstream.model.messages import (
     DisposeHook,
     FireTimer,
     HookTokenRejected,
+    OutcomeStatus,
     RegisterHookToken,
     ReleaseHookToken,
     ResolveChild,
@@ -325,6 +326,34 @@ class AvroCodec:
         # catches an AttributeError inside pydantic, which cost more than the encoding.
         return self._encode(message, reader, message.__dict__.get("run_id"))
 
+    def encode_outcome(
+        self,
+        *,
+        command_id: str,
+        key: str,
+        command: str,
+        status: OutcomeStatus,
+        reason: str | None = None,
+        error_kind: str | None = None,
+        forwarded_to: str | None = None,
+        source: str = "",
+    ) -> bytes:
+        """The bytes of ``encode_message(CommandOutcome(...))`` for fields the caller took
+        from a command already validated (its id, key and type; the run it went on to), so
+        the outcome is not built and validated again: the processor writes one per command."""
+        datum = {
+            "type": "command_outcome",
+            "command_id": command_id,
+            "key": key,
+            "command": command,
+            "status": status,
+            "reason": reason,
+            "error_kind": error_kind,
+            "forwarded_to": forwarded_to,
+            "source": source,
+        }
+        return self._encode(None, self._readers[CommandOutcome], None, datum)
+
     @overload
     def decode_command(self, data: bytes) -> CommandMessage: ...
 
@@ -363,9 +392,13 @@ class AvroCodec:
     # -- internals ----------------------------------------------------------------------------
 
     @staticmethod
-    def _encode(value: BaseModel, reader: _Reader, run_id: str | None) -> bytes:
+    def _encode(
+        value: BaseModel | None, reader: _Reader, run_id: str | None, datum: Any = None
+    ) -> bytes:
+        """``value`` (or, for ``None``, the ``datum`` given) written after ``reader``'s header."""
         try:
-            datum = reader.plan.to_datum(value)
+            if value is not None:
+                datum = reader.plan.to_datum(value)
             if _write_datum is not None:
                 body = bytearray(reader.header)
                 try:

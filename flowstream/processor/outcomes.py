@@ -24,7 +24,6 @@ from flowstream.errors import FlowError
 from flowstream.model.messages import (
     CancelRun,
     CommandMessage,
-    CommandOutcome,
     DisposeHook,
     OutcomeStatus,
     ResumeHook,
@@ -113,7 +112,9 @@ class Outcomes:
         if command is None or command_id is None:
             return
         key = routing_key(command)
-        outcome = CommandOutcome(
+        # The fields of a ``CommandOutcome``, from a command already validated: encoded without
+        # building and validating the model again (one per command).
+        value = codec.default_codec().encode_outcome(
             command_id=command_id,
             key=key,
             command=command.type,
@@ -123,7 +124,7 @@ class Outcomes:
             forwarded_to=forwarded_to,
             source=source,
         )
-        self.ctx.produce(self.ctx.topics[OUTCOMES], partition, key, codec.encode_message(outcome))
+        self.ctx.produce(self.ctx.topics[OUTCOMES], partition, key, value)
         metrics = self.ctx.metrics
         metrics.child(metrics.outcomes, status.value).inc()
 

@@ -40,3 +40,38 @@ def test_a_value_neither_writes_fails_alike(fast: bool, monkeypatch: pytest.Monk
     )
     with pytest.raises(SerializationError, match="must be string on field key"):
         codec.AvroCodec().encode_message(outcome)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"command_id": "c-1", "key": "run-1", "command": "start_run", "status": "applied"},
+        {
+            "command_id": "c-2",
+            "key": "run-2",
+            "command": "send_signal",
+            "status": "forwarded",
+            "reason": "sent on to run run-3",
+            "forwarded_to": "run-3",
+            "source": "t.cmd.signal[4]@17",
+        },
+        {
+            "command_id": "c-3",
+            "key": "d" * 64,
+            "command": "resume_hook",
+            "status": "rejected",
+            "reason": "no hook ✓",
+            "error_kind": "InvalidTransitionError",
+            "source": "inbox",
+        },
+    ],
+)
+def test_an_outcome_from_its_fields_is_the_encoding_of_the_model(fields: dict[str, Any]) -> None:
+    """``encode_outcome`` (the processor's, without building the model) writes the very bytes
+    of the validated ``CommandOutcome``, which decode back to it."""
+    fresh = codec.AvroCodec()
+    status = OutcomeStatus(fields["status"])
+    model = CommandOutcome.model_validate({**fields, "status": status})
+    data = fresh.encode_outcome(**{**fields, "status": status})
+    assert data == fresh.encode_message(model)
+    assert fresh.decode_outcome(data) == model
