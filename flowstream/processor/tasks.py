@@ -158,11 +158,11 @@ class TaskManager:
     def active(self) -> list[PartitionTask]:
         """The owned tasks restored (a list kept until ``owned`` or a task's ``restoring``
         changes: every loop iteration asks several times; callers do not change it)."""
-        return self._split()[0]
+        return (self._lists or self._split())[0]
 
     def restoring(self) -> list[PartitionTask]:
         """The owned tasks still restoring (kept like ``active``)."""
-        return self._split()[1]
+        return (self._lists or self._split())[1]
 
     def own(self, task: PartitionTask) -> None:
         """``task`` is its partition's from now on (in place of any before it)."""

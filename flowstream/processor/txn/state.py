@@ -108,5 +108,6 @@ class PipelineHost(Protocol):
 
 
 def offsets_key(offsets: list[Any]) -> tuple[tuple[str, int, int], ...]:
-    """What positions a transaction sent, comparable with the next."""
-    return tuple((tp.topic, tp.partition, tp.offset) for tp in offsets)
+    """What positions a transaction sent, comparable with the next (from a list, not a
+    generator: 40 positions for each new list of them)."""
+    return tuple([(tp.topic, tp.partition, tp.offset) for tp in offsets])
