@@ -20,6 +20,7 @@ from flowstream.replay.state import RunState
 
 __all__ = [
     "MAX_LIMIT",
+    "ROW_FIELDS",
     "OpenItem",
     "RunFacts",
     "RunIndex",
@@ -30,6 +31,7 @@ __all__ = [
     "last_error",
     "micros",
     "open_items",
+    "row_fields",
     "row_of",
     "row_values",
     "waiting_for",
@@ -182,10 +184,20 @@ def waiting_for(state: RunState) -> str | None:
         if failure.retry_at is None:
             return f"operator: workflow task failed (attempt {failure.attempt}), retries exhausted"
         return f"workflow task retry at {_stamp(failure.retry_at)} (attempt {failure.attempt})"
-    running = sorted(s for s in state.active_steps if state.steps[s].status is StepStatus.RUNNING)
-    if running:
-        step = state.steps[running[0]]
-        return _more(f"step {step.step_id} (attempt {step.attempt})", len(running) - 1)
+    if state.active_steps:
+        steps = state.steps
+        running = sorted(s for s in state.active_steps if steps[s].status is StepStatus.RUNNING)
+        if running:
+            step = steps[running[0]]
+            return _more(f"step {step.step_id} (attempt {step.attempt})", len(running) - 1)
+    if not (
+        state.open_waits
+        or state.delayed_steps
+        or state.waiting_signal_waits
+        or state.active_hooks
+        or state.open_children
+    ):
+        return None  # nothing is open: only its next decision moves it on
     timed: list[tuple[datetime, str]] = [
         (state.waits[w].resume_at, f"timer until {_stamp(state.waits[w].resume_at)}")
         for w in state.open_waits
@@ -217,29 +229,52 @@ def last_error(state: RunState) -> str | None:
     failure = state.task_failure
     if failure is not None:
         return f"{failure.error_type}: {failure.message}".rstrip(": ")
-    for step_id in sorted(state.steps):
-        step = state.steps[step_id]
-        if step.error and step.status is not StepStatus.COMPLETED:
-            return step.error
-    return None
+    failing = [
+        (step_id, step.error)
+        for step_id, step in state.steps.items()
+        if step.error and step.status is not StepStatus.COMPLETED
+    ]
+    return min(failing)[1] if failing else None
+
+
+#: ``RunRow``'s fields, in its order (``row_fields`` gives their values).
+ROW_FIELDS = (
+    "run_id",
+    "workflow",
+    "status",
+    "build",
+    "created_at",
+    "updated_at",
+    "waiting_for",
+    "last_error",
+    "parent_run_id",
+    "continued_to",
+    "last_sequence",
+)
+
+
+def row_fields(state: RunState) -> tuple[Any, ...]:
+    """The values of the run's row, in ``ROW_FIELDS``' order (a store writes one on every
+    append: a tuple, not a dict)."""
+    outcome = state.outcome
+    return (
+        state.run_id,
+        state.spec.name,
+        state.public_status(),
+        state.spec.runtime_build_id,
+        state.created_at,
+        state.updated_at or state.created_at,
+        waiting_for(state),
+        last_error(state),
+        None if state.parent is None else state.parent.run_id,
+        None if outcome is None else outcome.successor_run_id,
+        state.last_sequence,
+    )
 
 
 def row_values(state: RunState) -> dict[str, Any]:
     """The fields of the run's row (``RunRow``'s), as plain values."""
-    outcome = state.outcome
-    return {
-        "run_id": state.run_id,
-        "workflow": state.spec.name,
-        "status": state.public_status(),
-        "build": state.spec.runtime_build_id,
-        "created_at": state.created_at,
-        "updated_at": state.updated_at or state.created_at,
-        "waiting_for": waiting_for(state),
-        "last_error": last_error(state),
-        "parent_run_id": None if state.parent is None else state.parent.run_id,
-        "continued_to": None if outcome is None else outcome.successor_run_id,
-        "last_sequence": state.last_sequence,
-    }
+    return dict(zip(ROW_FIELDS, row_fields(state), strict=True))
 
 
 def row_of(state: RunState) -> RunRow:

@@ -40,6 +40,7 @@ import orjson
 
 from flowstream.errors import FlowError
 from flowstream.index.rows import (
+    ROW_FIELDS,
     OpenItem,
     RunFacts,
     RunPage,
@@ -47,7 +48,7 @@ from flowstream.index.rows import (
     RunRow,
     facts_of,
     micros,
-    row_values,
+    row_fields,
 )
 from flowstream.model.snapshot import RunStatus
 from flowstream.replay.state import RunState
@@ -89,18 +90,9 @@ _STATUSES = tuple(status.value for status in RunStatus)
 #: The counters' order in their stored array.
 _COUNTER_NAMES = (*_STATUSES, *SUSPENSION_COUNTERS.values())
 #: The row's fields in its stored array (the run id is the key's).
-_ROW_FIELDS = (
-    "workflow",
-    "status",
-    "build",
-    "created_at",
-    "updated_at",
-    "waiting_for",
-    "last_error",
-    "parent_run_id",
-    "continued_to",
-    "last_sequence",
-)
+_ROW_FIELDS = ROW_FIELDS[1:]
+_CREATED = ROW_FIELDS.index("created_at")
+_UPDATED = ROW_FIELDS.index("updated_at")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: Runs whose last written facts the table keeps (the store's projection cache holds as many).
 _HELD_RUNS = 2_000
@@ -190,12 +182,12 @@ def _secondary(run_key: bytes, workflow: str, facts: RunFacts) -> tuple[bytes, b
 
 
 def _row_value(state: RunState, facts: RunFacts) -> bytes:
-    """The run's row (``row_values``) as stored: ``_ROW_FIELDS``' values, times in
+    """The run's row (``row_fields``) as stored: ``_ROW_FIELDS``' values, times in
     microseconds."""
-    values = row_values(state)
-    values["created_at"] = micros(values["created_at"])
-    values["updated_at"] = facts.micros
-    return orjson.dumps([values[name] for name in _ROW_FIELDS])
+    values = list(row_fields(state))
+    values[_CREATED] = micros(values[_CREATED])
+    values[_UPDATED] = facts.micros
+    return orjson.dumps(values[1:])
 
 
 def _row_of(run_id: str, raw: bytes) -> RunRow:
