@@ -24,10 +24,7 @@ from __future__ import annotations
 
 import functools
 import io
-import json
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, TypeVar, get_args, overload
@@ -36,6 +33,7 @@ import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 from pydantic import BaseModel, ValidationError
 
+from flowstream.avsc import default_directory, documents, fullname, resolve_schema
 from flowstream.datum import RecordPlan, plan
 from flowstream.errors import SerializationError
 from flowstream.model.events import EVENT_SCHEMA_VERSION, EventEnvelope, FlowEvent
@@ -90,8 +88,6 @@ _COMMANDS: tuple[type[BaseModel], ...] = (
     HookTokenRejected,
 )
 _SECRET_BEARING: frozenset[type[BaseModel]] = frozenset({ResumeHook, DeadLetter})
-_PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
-_NAMED = frozenset({"record", "error", "enum", "fixed"})
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -107,77 +103,6 @@ _EVENT_TYPES: dict[str, str] = {
 def message_schema_name(message_type: type[BaseModel]) -> str:
     """Full Avro name of a message record, e.g. ``flowstream.message.StartRun``."""
     return f"flowstream.message.{message_type.__name__}"
-
-
-# -- schema documents -------------------------------------------------------------------------
-
-
-def resolve_schema(name: str, library: Mapping[str, Any]) -> dict[str, Any]:
-    """The self-contained schema of ``name``: references inlined at first use, full names.
-
-    ``library`` maps full names to parsed ``.avsc`` documents.
-    """
-    if name not in library:
-        raise SerializationError(f"no Avro schema named {name}")
-    resolved: dict[str, Any] = _resolve(library[name], "", library, set())
-    return resolved
-
-
-def _fullname(node: Mapping[str, Any], namespace: str) -> tuple[str, str]:
-    name: str = node["name"]
-    if "." in name:
-        return name, name.rsplit(".", 1)[0]
-    space: str = node.get("namespace", namespace) or ""
-    return (f"{space}.{name}" if space else name), space
-
-
-def _resolve(node: Any, namespace: str, library: Mapping[str, Any], defined: set[str]) -> Any:
-    if isinstance(node, str):
-        if node in _PRIMITIVES:
-            return node
-        full = node if "." in node or not namespace else f"{namespace}.{node}"
-        if full in defined:
-            return full
-        if full not in library:
-            raise SerializationError(f"Avro type {full} is not defined: add {full}.avsc")
-        return _resolve(library[full], "", library, defined)
-    if isinstance(node, list):
-        return [_resolve(item, namespace, library, defined) for item in node]
-    kind = node["type"]
-    if not isinstance(kind, str) or kind not in _NAMED | {"array", "map"} | _PRIMITIVES:
-        return _resolve(kind, namespace, library, defined)
-    if kind in _NAMED:
-        full, space = _fullname(node, namespace)
-        if full in defined:
-            raise SerializationError(f"Avro type {full} is defined twice")
-        defined.add(full)
-        out: dict[str, Any] = {"type": kind, "name": full}
-        out.update((k, v) for k, v in node.items() if k not in ("type", "name", "namespace"))
-        if kind in ("record", "error"):
-            out["fields"] = [
-                {**field, "type": _resolve(field["type"], space, library, defined)}
-                for field in node["fields"]
-            ]
-        return out
-    if kind == "array":
-        return {**node, "items": _resolve(node["items"], namespace, library, defined)}
-    if kind == "map":
-        return {**node, "values": _resolve(node["values"], namespace, library, defined)}
-    return node
-
-
-def _documents(directory: Traversable) -> Iterator[tuple[str, dict[str, Any]]]:
-    for entry in sorted(directory.iterdir(), key=lambda e: e.name):
-        if entry.is_file() and entry.name.endswith(".avsc"):
-            try:
-                document = json.loads(entry.read_text(encoding="utf-8"))
-            except ValueError as exc:
-                raise SerializationError(f"schema file {entry.name} is not JSON: {exc}") from exc
-            yield entry.name, document
-
-
-def _default_directory() -> Traversable:
-    return resources.files("flowstream").joinpath("schemas")
 
 
 # -- the codec --------------------------------------------------------------------------------
@@ -211,10 +136,10 @@ class AvroCodec:
     """
 
     def __init__(self, schema_dir: Traversable | Path | None = None) -> None:
-        directory = _default_directory() if schema_dir is None else schema_dir
+        directory = default_directory() if schema_dir is None else schema_dir
         library: dict[str, dict[str, Any]] = {}
-        for file_name, document in _documents(directory):
-            full, _ = _fullname(document, "")
+        for file_name, document in documents(directory):
+            full, _ = fullname(document, "")
             if file_name != f"{full}.avsc":
                 raise SerializationError(f"schema file {file_name} must be named {full}.avsc")
             library[full] = document
@@ -236,8 +161,8 @@ class AvroCodec:
         history = directory.joinpath("history")
         if history.is_dir():
             by_name = {reader.name: reader for reader in self._readers.values()}
-            for file_name, document in _documents(history):
-                full, _ = _fullname(document, "")
+            for file_name, document in documents(history):
+                full, _ = fullname(document, "")
                 if full not in by_name:
                     raise SerializationError(f"history schema {file_name}: no current {full}")
                 resolved = resolve_schema(full, {full: document})

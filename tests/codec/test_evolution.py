@@ -17,7 +17,7 @@ import pytest
 from fastavro.schema import fingerprint, load_schema, to_parsing_canonical_form
 from pydantic import SecretStr
 
-from flowstream import codec
+from flowstream import avsc, codec
 from flowstream.codec import MARKER, AvroCodec
 from flowstream.errors import SerializationError
 from flowstream.model.events import EventEnvelope, ParentLink, RunCreated, WorkflowTaskFailed
@@ -288,4 +288,4 @@ def test_an_older_reader_refuses_the_new_event_loudly() -> None:
 
 def _library() -> dict[str, Any]:
     documents = (json.loads(p.read_text()) for p in SCHEMAS.glob("*.avsc"))
-    return {codec._fullname(d, "")[0]: d for d in documents}
+    return {avsc.fullname(d, "")[0]: d for d in documents}
