@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import platform
+import shutil
 import signal
 import socket
 import statistics
@@ -95,6 +96,20 @@ def scratch(prefix: str, under: str | Path | None = None) -> Path:
     if under is not None:
         Path(under).mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=prefix, dir=under))
+
+
+def remove_pass(prefix: str, state_root: Path, bootstrap: str = BOOTSTRAP) -> None:
+    """Delete one pass's topics and state, so a broker kept between passes does not pile up
+    topics (a broker home with tens of thousands of them starts slowly, then not at all) and the
+    temp dir does not pile up stores."""
+    shutil.rmtree(state_root, ignore_errors=True)
+    names = list(load_topology().names(prefix).values())
+    admin = clients.new_admin(bootstrap)
+    for name, future in admin.delete_topics(names, operation_timeout=30).items():
+        try:
+            future.result(timeout=60)
+        except Exception as error:  # a leftover topic is reported, not fatal
+            print(f"topic {name} not deleted: {error}", file=sys.stderr)
 
 
 def free_port() -> int:

@@ -194,6 +194,8 @@ async def run_kafka(args: argparse.Namespace) -> list[dict[str, Any]]:
         if tracker is not None:
             tracker.close()
         client.close()
+        if not args.data_dir:
+            harness.remove_pass(prefix, state_root)
         if started_broker and not args.keep_broker:
             harness.stop_broker()
     return records
