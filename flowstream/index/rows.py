@@ -15,19 +15,17 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 from pydantic import Field, field_validator
 
 from flowstream.model.base import FrozenModel
-from flowstream.model.snapshot import RunStatus, StepStatus
+from flowstream.model.snapshot import TERMINAL_STATUSES, RunStatus, StepStatus
 from flowstream.replay.state import RunState
 
 __all__ = [
     "MAX_LIMIT",
     "ROW_FIELDS",
     "OpenItem",
-    "RunFacts",
     "RunIndex",
     "RunPage",
     "RunQuery",
     "RunRow",
-    "facts_of",
     "last_error",
     "micros",
     "open_items",
@@ -39,6 +37,11 @@ __all__ = [
 
 #: The largest page a query returns.
 MAX_LIMIT = 1000
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Members looked up once: ``RunStatus.PENDING`` is an attribute lookup on the enum's class.
+_PENDING = RunStatus.PENDING
+_RUNNING = StepStatus.RUNNING
+_COMPLETED = StepStatus.COMPLETED
 
 
 class RunRow(FrozenModel):
@@ -122,25 +125,19 @@ class OpenItem(NamedTuple):
     due: datetime | None = None
 
 
-class RunFacts(NamedTuple):
-    """What a run's index keys and counters derive from (``micros``: its update time in
-    microseconds since the epoch)."""
-
-    status: RunStatus
-    micros: int
-    items: tuple[OpenItem, ...]
-
-
 def open_items(state: RunState) -> tuple[OpenItem, ...]:
     """The open suspensions of a run that has not ended, in a stable order."""
-    if state.is_terminal or not (
-        state.open_waits
-        or state.delayed_steps
-        or state.active_hooks
-        or state.waiting_signal_waits
-        or state.open_children
+    if (
+        not (
+            state.open_waits
+            or state.delayed_steps
+            or state.active_hooks
+            or state.waiting_signal_waits
+            or state.open_children
+        )
+        or state.status in TERMINAL_STATUSES
     ):
-        return ()
+        return ()  # most appends: nothing is open
     found = [OpenItem("wait", w, state.waits[w].resume_at) for w in sorted(state.open_waits)]
     if state.delayed_steps:
         found += [
@@ -156,13 +153,10 @@ def open_items(state: RunState) -> tuple[OpenItem, ...]:
 
 
 def micros(moment: datetime) -> int:
-    """Microseconds since the epoch of an aware time after it."""
-    return int(moment.timestamp()) * 1_000_000 + moment.microsecond
-
-
-def facts_of(state: RunState) -> RunFacts:
-    moment = state.updated_at or state.created_at
-    return RunFacts(state.public_status(), micros(moment), open_items(state))
+    """Microseconds since the epoch of an aware time after it (in integers: no float between;
+    the index works it out on every append, and a ``timestamp()`` costs twice as much)."""
+    since = moment - _EPOCH
+    return (since.days * 86_400 + since.seconds) * 1_000_000 + since.microseconds
 
 
 def _stamp(moment: datetime) -> str:
@@ -175,9 +169,10 @@ def _more(first: str, others: int) -> str:
 
 def waiting_for(state: RunState) -> str | None:
     """What moves the run on, in one line (see ``RunRow.waiting_for``)."""
-    if state.is_terminal:
+    status = state.status
+    if status in TERMINAL_STATUSES:
         return None
-    if state.status is RunStatus.PENDING:
+    if status is _PENDING:
         return "start"
     failure = state.task_failure
     if failure is not None:
@@ -186,10 +181,16 @@ def waiting_for(state: RunState) -> str | None:
         return f"workflow task retry at {_stamp(failure.retry_at)} (attempt {failure.attempt})"
     if state.active_steps:
         steps = state.steps
-        running = sorted(s for s in state.active_steps if steps[s].status is StepStatus.RUNNING)
-        if running:
-            step = steps[running[0]]
-            return _more(f"step {step.step_id} (attempt {step.attempt})", len(running) - 1)
+        first: str | None = None
+        running = 0
+        for step_id in state.active_steps:  # the running step first by step id, and how many
+            if steps[step_id].status is _RUNNING:
+                running += 1
+                if first is None or step_id < first:
+                    first = step_id
+        if first is not None:
+            step = steps[first]
+            return _more(f"step {step.step_id} (attempt {step.attempt})", running - 1)
     if not (
         state.open_waits
         or state.delayed_steps
@@ -229,12 +230,12 @@ def last_error(state: RunState) -> str | None:
     failure = state.task_failure
     if failure is not None:
         return f"{failure.error_type}: {failure.message}".rstrip(": ")
-    failing = [
-        (step_id, step.error)
-        for step_id, step in state.steps.items()
-        if step.error and step.status is not StepStatus.COMPLETED
-    ]
-    return min(failing)[1] if failing else None
+    first: str | None = None
+    error = None
+    for step_id, step in state.steps.items():
+        if step.error and step.status is not _COMPLETED and (first is None or step_id < first):
+            first, error = step_id, step.error
+    return error
 
 
 #: ``RunRow``'s fields, in its order (``row_fields`` gives their values).

@@ -5,8 +5,8 @@ the same atomic write as the events they follow, so the index never disagrees wi
 histories. Keys (raw bytes, all under ``v``)::
 
     vr<run_id>                                  the run's row (a JSON array, ``_ROW_FIELDS``)
-    vs<status>\\0<newest><run_id>                by status, by update time
     vw<len:2><workflow><status>\\0<newest><run_id>  by workflow and status, by update time
+    vn<workflow>                                a workflow that has runs (written with its first)
     vp<run_id>                                  the run's open suspensions (JSON), while it has any
     vc                                          counters: runs by status, open suspensions by kind
                                                 (a JSON array, ``_COUNTER_NAMES``)
@@ -14,14 +14,17 @@ histories. Keys (raw bytes, all under ``v``)::
 ``<newest>`` is 8 big-endian bytes that grow as the update time falls, so a forward scan meets
 the most recently updated run first; its bytes and the run id after them form the *sort key*
 that pages carry as their cursor. A query scans one key range per (workflow, status) pair it
-asks for (every status, for a query that filters nothing) and merges them by sort key: a page
-costs its rows, never the number of runs. The counters are absolute values, rewritten by each
-change that moves them (the writer holds them in memory), so ``counts`` is one read.
+asks for (a query without a workflow filter asks for every workflow the ``vn`` keys name, one
+short scan; without a status filter, for every status) and merges them by sort key: a page
+costs its rows and those ranges, never the number of runs. The counters are absolute values,
+rewritten by each change that moves them (the writer holds them in memory), so ``counts`` is
+one read.
 
-Every append rewrites its run's row and moves its keys to the new update time in the same write
-as its events, so the table's bytes are most of what an append writes: rows and counters are
-arrays without field names, and no key lists every run (the statuses' keys together do). A store
-whose table was written in another layout (``STALE_BUILT_KEYS``) has it built again on open.
+Every append rewrites its run's row and moves its one ``vw`` key to the new update time in the
+same write as its events (three keys: the row, the old ``vw`` key deleted, the new one put), so
+the table's keys are most of what an append writes: rows and counters are arrays without field
+names, and no key lists every run (the ``vw`` keys together do). A store whose table was
+written in another layout (``STALE_BUILT_KEYS``) has it built again on open.
 """
 
 from __future__ import annotations
@@ -42,13 +45,13 @@ from flowstream.errors import FlowError
 from flowstream.index.rows import (
     ROW_FIELDS,
     OpenItem,
-    RunFacts,
     RunPage,
     RunQuery,
     RunRow,
-    facts_of,
+    last_error,
     micros,
-    row_fields,
+    open_items,
+    waiting_for,
 )
 from flowstream.model.snapshot import RunStatus
 from flowstream.replay.state import RunState
@@ -58,6 +61,7 @@ __all__ = [
     "STALE_BUILT_KEYS",
     "SUSPENSION_COUNTERS",
     "Change",
+    "Held",
     "KeyValues",
     "MemoryKeyValues",
     "RunTable",
@@ -67,14 +71,15 @@ __all__ = [
 
 #: Marks a store whose run index is built in this layout (a store written before it existed, or
 #: in another layout, gets it built on open).
-BUILT_KEY = b"m/run_index/2"
-#: The marks of earlier layouts (the first had JSON objects for rows and counters, and a key per
-#: run by update time), deleted when the table is built again.
-STALE_BUILT_KEYS = (b"m/run_index",)
+BUILT_KEY = b"m/run_index/3"
+#: The marks of earlier layouts, deleted when the table is built again: the first had JSON
+#: objects for rows and counters and a key per run by update time; the second a key per run by
+#: status (``vs<status>\0<newest><run_id>``) beside the one by workflow.
+STALE_BUILT_KEYS = (b"m/run_index", b"m/run_index/2")
 PREFIX = b"v"
 _ROW = b"vr"
-_BY_STATUS = b"vs"
 _BY_WORKFLOW = b"vw"
+_WORKFLOW = b"vn"
 _OPEN = b"vp"
 _COUNTERS = b"vc"
 
@@ -91,14 +96,16 @@ _STATUSES = tuple(status.value for status in RunStatus)
 _COUNTER_NAMES = (*_STATUSES, *SUSPENSION_COUNTERS.values())
 #: The row's fields in its stored array (the run id is the key's).
 _ROW_FIELDS = ROW_FIELDS[1:]
-_CREATED = ROW_FIELDS.index("created_at")
-_UPDATED = ROW_FIELDS.index("updated_at")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-#: Runs whose last written facts the table keeps (the store's projection cache holds as many).
+#: Runs whose last written entries the table keeps (the store's projection cache holds as many).
 _HELD_RUNS = 2_000
 _NEWEST = (1 << 64) - 1
 #: A change to one key: the new value, or ``None`` to delete it.
 Change = tuple[bytes, bytes | None]
+#: What the table wrote for a run, which its next change starts from: the run's public status,
+#: its update time in microseconds, its open suspensions, its ``vw`` key and its creation time
+#: in microseconds (a plain tuple: one is made on every append).
+Held = tuple[RunStatus, int, tuple[OpenItem, ...], bytes, int]
 
 
 class KeyValues(Protocol):
@@ -169,25 +176,28 @@ def _workflow_prefix(workflow: str, status: str) -> bytes:
     return _BY_WORKFLOW + len(name).to_bytes(2, "big") + name + str(status).encode() + b"\0"
 
 
-_STATUS_PREFIX = {status: _BY_STATUS + status.value.encode() + b"\0" for status in RunStatus}
-
-
-def _secondary(run_key: bytes, workflow: str, facts: RunFacts) -> tuple[bytes, bytes]:
-    sort_key = (_NEWEST - facts.micros).to_bytes(8, "big") + run_key
-    status = facts.status
-    return (
-        _STATUS_PREFIX[status] + sort_key,
-        _workflow_prefix(workflow, status) + sort_key,
+def _row_value(
+    state: RunState, workflow: str, status: RunStatus, created: int, updated: int
+) -> bytes:
+    """The run's row as stored: the values of ``row_fields`` after the run id, its times in
+    microseconds, made straight into the array that is written (``row_fields`` is the one
+    definition of a row; the tests check that the two agree for every run they index)."""
+    parent = state.parent
+    outcome = state.outcome
+    return orjson.dumps(
+        [
+            workflow,
+            status,
+            state.spec.runtime_build_id,
+            created,
+            updated,
+            waiting_for(state),
+            last_error(state),
+            None if parent is None else parent.run_id,
+            None if outcome is None else outcome.successor_run_id,
+            state.last_sequence,
+        ]
     )
-
-
-def _row_value(state: RunState, facts: RunFacts) -> bytes:
-    """The run's row (``row_fields``) as stored: ``_ROW_FIELDS``' values, times in
-    microseconds."""
-    values = list(row_fields(state))
-    values[_CREATED] = micros(values[_CREATED])
-    values[_UPDATED] = facts.micros
-    return orjson.dumps(values[1:])
 
 
 def _row_of(run_id: str, raw: bytes) -> RunRow:
@@ -241,22 +251,32 @@ def _counters_value(counters: dict[str, int]) -> bytes:
     return orjson.dumps([counters[name] for name in _COUNTER_NAMES])
 
 
+def _held_of(state: RunState) -> Held:
+    """What the table wrote for ``state`` (a run it no longer holds: the store read it back)."""
+    status = state.public_status()
+    created = micros(state.created_at)
+    updated = created if state.updated_at is None else micros(state.updated_at)
+    key = _workflow_prefix(state.spec.name, status) + (_NEWEST - updated).to_bytes(8, "big")
+    return (status, updated, open_items(state), key + state.run_id.encode(), created)
+
+
 # -- the table ----------------------------------------------------------------------------------
 
 
 class RunTable:
     """Keeps the run index in ``reader``'s store and answers ``RunIndex`` queries from it.
 
-    The writer calls ``change`` for each append (with the run's facts before it, ``None`` for
-    a new run) and writes what it returns in the append's atomic write; the counters it holds
-    follow each change, so after a failed write it calls ``reload``.
+    The writer asks ``held_facts`` before an append advances the run's state, then calls
+    ``change`` with them and the advanced state, and writes what it returns in the append's
+    atomic write; the counters it holds follow each change, so after a failed write it calls
+    ``reload``.
 
     A writer that groups appends into one write *stages* them instead: ``stage`` after each
-    append (with the facts the store holds for the run, taken before the first append of the
-    group advanced its state), then ``take`` once, into the group's write. A run appended to
-    several times in one group gets its keys and the counters written once, from its newest
-    state. Staged runs hold their state object, which the appends advance in place: after an
-    append that failed half-way, ``restage`` the state the store still holds.
+    append (with ``held_facts`` taken before the first append of the group advanced the run's
+    state), then ``take`` once, into the group's write. A run appended to several times in one
+    group gets its keys and the counters written once, from its newest state. Staged runs hold
+    their state object, which the appends advance in place: after an append that failed
+    half-way, ``restage`` the state the store still holds.
     """
 
     def __init__(
@@ -265,13 +285,16 @@ class RunTable:
         self._reader = reader
         self._lock: AbstractContextManager[object] = lock if lock is not None else nullcontext()
         self._counters = self._read_counters()
-        #: The counters as the store holds them: a change that leaves them so writes none.
-        self._stored = dict(self._counters)
-        #: Staged runs: the facts the store holds for each (``None``: new), and its state now.
-        self._staged: dict[str, tuple[RunFacts | None, RunState]] = {}
-        #: The facts last written for the runs last changed (``held_facts`` need not derive
-        #: them again from the run's state), the oldest first.
-        self._held: OrderedDict[str, RunFacts] = OrderedDict()
+        #: Whether the counters moved since the store last got them (most appends move no run
+        #: to another status and open or close nothing: they leave the counters' key alone).
+        self._moved = False
+        #: The workflows the store has a ``vn`` key for.
+        self._workflows = set(self._read_workflows())
+        #: Staged runs: what the store holds for each (``None``: new), and its state now.
+        self._staged: dict[str, tuple[Held | None, RunState]] = {}
+        #: What was last written for the runs last changed (``held_facts`` need not derive it
+        #: again from the run's state), the oldest first.
+        self._held: OrderedDict[str, Held] = OrderedDict()
 
     def _read_counters(self) -> dict[str, int]:
         counters = _empty_counters()
@@ -280,70 +303,97 @@ class RunTable:
             counters.update(zip(_COUNTER_NAMES, orjson.loads(raw), strict=True))
         return counters
 
+    def _read_workflows(self) -> list[str]:
+        found = []
+        for key, _ in self._reader.scan(_WORKFLOW):
+            if not key.startswith(_WORKFLOW):
+                break
+            found.append(key[len(_WORKFLOW) :].decode())
+        return found
+
     def reload(self) -> None:
         """Read the counters from the store again (a write the table counted failed)."""
         with self._lock:
             self._staged.clear()
             self._held.clear()
             self._counters = self._read_counters()
-            self._stored = dict(self._counters)
+            self._moved = False
+            self._workflows = set(self._read_workflows())
 
     # -- keeping it -----------------------------------------------------------------------
 
-    def change(self, before: RunFacts | None, state: RunState) -> list[Change]:
-        """The key changes that bring the run's entries from ``before`` to ``state``."""
+    def change(self, before: Held | None, state: RunState) -> list[Change]:
+        """The key changes that bring the run's entries from ``before`` (``held_facts``, taken
+        before the append; ``None`` for a new run) to ``state``, with the counters if they
+        moved."""
         found = self._changes(before, state)
-        found.extend(self._counter_change())
+        if len(self._held) > _HELD_RUNS:
+            self._held.popitem(last=False)
+        if self._moved:
+            self._moved = False
+            found.append((_COUNTERS, _counters_value(self._counters)))
         return found
 
-    def _counter_change(self) -> list[Change]:
-        """The counters' key, when they differ from what the store holds (most appends move no
-        run to another status and open or close nothing: in a write of its own, as with
-        ``sync="always"``, the counters were a quarter of the index's bytes)."""
-        if self._counters == self._stored:
-            return []
-        self._stored = dict(self._counters)
-        return [(_COUNTERS, _counters_value(self._counters))]
-
-    def _changes(self, before: RunFacts | None, state: RunState) -> list[Change]:
-        after = facts_of(state)
-        run_key = state.run_id.encode()
-        found: list[Change] = []
-        if before is None or before.micros != after.micros or before.status is not after.status:
-            workflow = state.spec.name
-            if before is not None:  # every key moves: its update time or its status changed
-                for key in _secondary(run_key, workflow, before):
-                    found.append((key, None))
-            for key in _secondary(run_key, workflow, after):
+    def _changes(self, before: Held | None, state: RunState) -> list[Change]:
+        status = state.public_status()
+        moment = state.updated_at
+        created = micros(state.created_at) if before is None else before[4]
+        updated = created if moment is None or moment is state.created_at else micros(moment)
+        items = open_items(state)
+        run_id = state.run_id
+        run_key = run_id.encode()
+        workflow = state.spec.name
+        if before is None:
+            key = _workflow_prefix(workflow, status) + (_NEWEST - updated).to_bytes(8, "big")
+            key += run_key
+            found: list[Change] = [(key, b"")]
+            if workflow not in self._workflows:
+                self._workflows.add(workflow)
+                found.append((_WORKFLOW + workflow.encode(), b""))
+        else:
+            key = before[3]
+            if before[1] != updated or before[0] is not status:
+                found = [(key, None)]  # the key moves: its update time or its status changed
+                key = _workflow_prefix(workflow, status) + (_NEWEST - updated).to_bytes(8, "big")
+                key += run_key
                 found.append((key, b""))
-        found.append((_ROW + run_key, _row_value(state, after)))
-        if before is None or before.items != after.items:
-            found.append((_OPEN + run_key, _items_value(after.items) if after.items else None))
-            self._count(before, -1)
-            self._count(after, 1)
-        elif before.status is not after.status:
+            else:
+                found = []
+        found.append((_ROW + run_key, _row_value(state, workflow, status, created, updated)))
+        if before is None:
+            if items:  # a new run has no key of open suspensions to delete
+                found.append((_OPEN + run_key, _items_value(items)))
+            self._count(status, items, 1)
+        elif before[2] != items:
+            found.append((_OPEN + run_key, _items_value(items) if items else None))
+            self._count(before[0], before[2], -1)
+            self._count(status, items, 1)
+        elif before[0] is not status:
             counters = self._counters
-            counters[before.status] -= 1  # a status counts under its value, which it equals
-            counters[after.status] += 1
-        self._held[state.run_id] = after
-        self._held.move_to_end(state.run_id)
+            counters[before[0]] -= 1  # a status counts under its value, which it equals
+            counters[status] += 1
+            self._moved = True
+        held = self._held
+        held[run_id] = (status, updated, items, key, created)
+        held.move_to_end(run_id)
         return found
 
     def staged(self, run_id: str) -> bool:
         """Whether an append to ``run_id`` is staged and not yet taken."""
         return run_id in self._staged
 
-    def held_facts(self, run_id: str, state: RunState | None) -> RunFacts | None:
-        """What ``stage`` needs of a run before an append advances ``state`` (the store's):
-        its facts, or ``None`` for a new run or one already staged (its first facts count)."""
+    def held_facts(self, run_id: str, state: RunState | None) -> Held | None:
+        """What ``change`` or ``stage`` needs of a run before an append advances ``state``
+        (the store's): what the table wrote for it, or ``None`` for a new run or one already
+        staged (its first entries count)."""
         if state is None or run_id in self._staged:
             return None
         held = self._held.get(run_id)
-        return facts_of(state) if held is None else held
+        return _held_of(state) if held is None else held
 
-    def stage(self, run_id: str, before: RunFacts | None, state: RunState) -> None:
-        """An append to ``run_id`` joins the group; ``before`` (the facts the store holds for
-        the run, ``None`` for a new run) counts only for its first append in the group."""
+    def stage(self, run_id: str, before: Held | None, state: RunState) -> None:
+        """An append to ``run_id`` joins the group; ``before`` (``held_facts``, ``None`` for a
+        new run) counts only for its first append in the group."""
         held = self._staged.get(run_id)
         self._staged[run_id] = (before if held is None else held[0], state)
 
@@ -366,21 +416,23 @@ class RunTable:
         held = self._held
         while len(held) > _HELD_RUNS:
             held.popitem(last=False)
-        found.extend(self._counter_change())
+        if self._moved:
+            self._moved = False
+            found.append((_COUNTERS, _counters_value(self._counters)))
         return found
 
-    def _count(self, facts: RunFacts | None, sign: int) -> None:
-        if facts is None:
-            return
+    def _count(self, status: RunStatus, items: tuple[OpenItem, ...], sign: int) -> None:
         counters = self._counters
-        counters[facts.status] += sign
-        for item in facts.items:
+        counters[status] += sign
+        for item in items:
             counters[SUSPENSION_COUNTERS[item.kind]] += sign
+        self._moved = True
 
     def build(self, states: Iterable[RunState], write: Callable[[list[Change]], None]) -> int:
         """Index every run of ``states`` from nothing (the table must be empty); hands the
         changes to ``write`` in chunks, the counters with the last. Returns the runs indexed."""
         self._counters = _empty_counters()
+        self._workflows = set()
         self._held.clear()
         pending: list[Change] = []
         runs = 0
@@ -390,9 +442,11 @@ class RunTable:
             if len(pending) >= 20_000:
                 write(pending)
                 pending = []
+            if len(self._held) > _HELD_RUNS:
+                self._held.popitem(last=False)
         pending.append((_COUNTERS, _counters_value(self._counters)))
         write(pending)
-        self._stored = dict(self._counters)
+        self._moved = False
         return runs
 
     # -- reading it -----------------------------------------------------------------------
@@ -443,8 +497,14 @@ class RunTable:
         if query.cursor is not None:
             start = max(start, decode_cursor(query.cursor) + b"\0")
         stop = None if query.updated_after is None else _newest(query.updated_after)
+        statuses = _STATUSES if query.status is None else sorted(s.value for s in query.status)
         with self._lock:
-            streams = [self._stream(prefix, start, stop) for prefix in _prefixes(query)]
+            workflows = self._read_workflows() if query.workflow is None else sorted(query.workflow)
+            streams = [
+                self._stream(_workflow_prefix(workflow, status), start, stop)
+                for workflow in workflows
+                for status in statuses
+            ]
             sort_keys: list[bytes] = []
             for sort_key in heapq.merge(*streams):
                 sort_keys.append(sort_key)
@@ -469,16 +529,3 @@ class RunTable:
             if stop is not None and sort_key[:8] > stop:
                 return
             yield sort_key
-
-
-def _prefixes(query: RunQuery) -> list[bytes]:
-    statuses = sorted(query.status) if query.status is not None else None
-    if query.workflow is None:
-        if statuses is None:
-            return list(_STATUS_PREFIX.values())
-        return [_BY_STATUS + s.value.encode() + b"\0" for s in statuses]
-    return [
-        _workflow_prefix(workflow, status)
-        for workflow in sorted(query.workflow)
-        for status in (_STATUSES if statuses is None else [s.value for s in statuses])
-    ]

@@ -185,9 +185,10 @@ class EventStore(ABC):
             changes.removed_wakeups = [w for w in before if w not in after]
             changes.added_wakeups = [w for w in after if w not in before]
             if table is not None:
-                table.stage(run_id, facts, state)
-                if not self._groups_index:
-                    changes.run_index = table.take()
+                if self._groups_index:
+                    table.stage(run_id, facts, state)
+                else:
+                    changes.run_index = table.change(facts, state)
             if counts:
                 status = state.public_status()
                 if status is not was:

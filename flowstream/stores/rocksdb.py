@@ -9,12 +9,13 @@ Key layout (one RocksDB, raw bytes):
 ``o<run_id>``                   the run is not terminal (the open-runs index of the liveness scan)
 ``m/open_index``                the open-runs index is built (a store written before it existed
                                 gets it built once, from each run's last event, when opened)
-``v…``                          the run index: rows, keys by status, workflow and update time,
-                                open suspensions and counters (``flowstream.index.table``)
-``m/run_index/2``               the run index is built in its current layout (a store written
-                                before it existed, or in an earlier layout, ``m/run_index``, gets
-                                it built once, from every history, when opened read-write; a
-                                read-only open of such a store builds it in memory)
+``v…``                          the run index: rows, keys by workflow, status and update time,
+                                workflows, open suspensions, counters (``flowstream.index.table``)
+``m/run_index/3``               the run index is built in its current layout (a store written
+                                before it existed, or in an earlier layout, ``m/run_index/2`` or
+                                ``m/run_index``, gets it built once, from every history, when
+                                opened read-write; a read-only open of such a store builds it
+                                in memory)
 
 An append and every index change it causes go in one ``WriteBatch``. With ``sync="group"`` (the
 default) the appends made until the next ``wait_durable`` collect in one batch, written before

@@ -21,7 +21,7 @@ from flowstream.engine import FlowEngine
 from flowstream.errors import FlowError, InvalidTransitionError
 from flowstream.index import RunIndex, RunQuery
 from flowstream.index.check import index_differences, list_all
-from flowstream.index.rows import open_items
+from flowstream.index.rows import micros, open_items
 from flowstream.index.table import BUILT_KEY
 from flowstream.model.commands import RuntimeCommand
 from flowstream.model.events import (
@@ -317,32 +317,81 @@ def test_a_store_whose_index_has_the_first_layout_is_indexed_again_on_open(
         db.close()
 
 
-def test_an_append_writes_a_compact_row_and_two_keys_per_move(tmp_path: Path) -> None:
-    """The index's bytes are most of an append's write (and with ``sync="always"`` each costs
-    an fsync): a row is an array of values, and a run's keys by update time are two, by status
-    and by workflow (an unfiltered listing merges the statuses)."""
+def test_a_store_whose_index_has_the_second_layout_is_indexed_again_on_open(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """The second layout (mark ``m/run_index/2``) kept a key per run by status beside the one by
+    workflow, and no key per workflow: such a store is read as it is by a read-only open (the
+    index built in memory) and built anew, its status keys deleted, by the next writer."""
+    path = tmp_path / "db"
+    with RocksDBEventStore(path, clock=clock) as first:
+        fill(FlowEngine(first, RUNTIME, clock=clock), 20)
+        clock.advance(seconds=1)
+        run(FlowEngine(first, RUNTIME, clock=clock).start("x1", REFUND, {"wait": "timer"}))
+        old = states(first)
+    db = Rdict(str(path), options=Options(raw_mode=True))
+    try:
+        del db[BUILT_KEY]
+        db[b"m/run_index/2"] = b"1"
+        for key in [bytes(k) for k in db.keys(from_key=b"vn")]:
+            if key.startswith(b"vn"):
+                del db[key]
+        for state in [*old, RunState.from_history(old[0].history[:2])]:  # one run twice
+            updated = state.updated_at or state.created_at
+            newest = ((1 << 64) - 1 - micros(updated)).to_bytes(8, "big")
+            status = state.public_status().value.encode()
+            db[b"vs" + status + b"\0" + newest + state.run_id.encode()] = b""
+    finally:
+        db.close()
+    with RocksDBEventStore(path, read_only=True) as viewer:
+        assert index_differences(viewer.run_index(), states(viewer)) == []
+    with RocksDBEventStore(path, clock=clock) as second:
+        index = second.run_index()
+        assert statuses(index, RunStatus.SUSPENDED) == sorted(
+            s.run_id for s in old if s.public_status() is RunStatus.SUSPENDED
+        )
+        assert [r.run_id for r in index.query(RunQuery(limit=1)).rows] == ["x1"]
+        assert index_differences(index, states(second)) == []
+    db = Rdict(str(path), options=Options(raw_mode=True), access_type=AccessType.read_only())
+    try:
+        assert db.get(b"m/run_index/2") is None and db.get(BUILT_KEY) is not None
+        assert not [key for key in db.keys(from_key=b"vs") if bytes(key).startswith(b"vs")]
+        names = [bytes(k) for k in db.keys(from_key=b"vn") if bytes(k).startswith(b"vn")]
+        assert names == [b"vnorder", b"vnrefund"]
+    finally:
+        db.close()
+
+
+def test_an_append_writes_a_compact_row_and_moves_one_key(tmp_path: Path) -> None:
+    """The index's keys are most of an append's write (and with ``sync="always"`` each costs
+    an fsync): a row is an array of values, and a run has one key by update time, by workflow
+    and status (a listing without a workflow filter merges the workflows'); its workflow's key
+    is written with the first run of the workflow only."""
     store = RocksDBEventStore(tmp_path / "db", sync="always")
     written: list[list[tuple[bytes, bytes | None]]] = []
     table = store._run_table
     assert table is not None
-    take = table.take
+    change = table.change
 
-    def watched() -> Any:
-        found = take()
+    def watched(before: Any, state: RunState) -> Any:
+        found = change(before, state)
         written.append(found)
         return found
 
-    table.take = watched  # type: ignore[method-assign]
+    table.change = watched  # type: ignore[method-assign]
     try:
         store.append_if_sequence("r1", 0, [RunCreated(spec=ORDER, input={}), RunStarted()])
+        assert sorted(key[:2] for key, _ in written[-1]) == [b"vc", b"vn", b"vr", b"vw"]
+        store.append_if_sequence("r2", 0, [RunCreated(spec=ORDER, input={}), RunStarted()])
+        assert sorted(key[:2] for key, _ in written[-1]) == [b"vc", b"vr", b"vw"]
         store.append_if_sequence("r1", 2, [StepCreated(step_id="a", step_name="charge")])
         moved = written[-1]
-        assert sorted(key[:2] for key, value in moved if value is None) == [b"vs", b"vw"]
-        assert sorted(key[:2] for key, value in moved if value == b"") == [b"vs", b"vw"]
+        assert [key[:2] for key, value in moved if value is None] == [b"vw"]
+        assert sorted(key[:2] for key, value in moved if value is not None) == [b"vr", b"vw"]
         row = next(value for key, value in moved if key == b"vr" + b"r1")
         assert row is not None and len(row) < 120, row
         page = store.run_index().query(RunQuery())
-        assert [r.run_id for r in page.rows] == ["r1"]
+        assert [r.run_id for r in page.rows] == ["r1", "r2"]
         assert page.rows[0] == store.run_index().get("r1")
         assert index_differences(store.run_index(), states(store)) == []
     finally:
@@ -416,14 +465,14 @@ def test_the_counters_are_written_only_when_an_append_moves_them(tmp_path: Path)
     written: list[list[bytes]] = []
     table = store._run_table
     assert table is not None
-    take = table.take
+    change = table.change
 
-    def watched() -> Any:
-        found = take()
+    def watched(before: Any, state: RunState) -> Any:
+        found = change(before, state)
         written.append([key for key, _ in found])
         return found
 
-    table.take = watched  # type: ignore[method-assign]
+    table.change = watched  # type: ignore[method-assign]
     store.append_if_sequence("r1", 0, [RunCreated(spec=ORDER, input={}), RunStarted()])
     store.append_if_sequence("r1", 2, [StepCreated(step_id="a", step_name="charge")])
     store.append_if_sequence("r1", 3, [StepStarted(step_id="a", attempt=1)])
