@@ -75,6 +75,17 @@ def server_properties(node: NodeSpec, nodes: Sequence[NodeSpec], data_dir: Path)
         # what a broker SIGKILL costs the partitions it did not lead.
         ("broker.heartbeat.interval.ms", 500),
         ("broker.session.timeout.ms", 3000 if replicas == 1 else 2000),
+        # A processor commits its consumer positions with every transaction, so the group's
+        # partition of __consumer_offsets grows by hundreds of records a second, and a broker
+        # that becomes the group's coordinator reads all of it that is not compacted before it
+        # answers: with 100 MB segments (the default) nothing is, and taking over 84,015 records
+        # after a SIGKILL took 5.5-9 s, in which no transaction could commit. Small segments are
+        # compacted soon (the cleaner only cleans segments no longer written to), so a new
+        # coordinator reads about one segment (README, "Failover in seconds needs broker
+        # settings").
+        ("offsets.topic.segment.bytes", 1024 * 1024),
+        ("transaction.state.log.segment.bytes", 1024 * 1024),
+        ("log.cleaner.backoff.ms", 1000),
     ]
     if replicas > 1:
         # A killed node that was the active controller: the others stand for election after

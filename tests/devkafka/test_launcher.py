@@ -126,6 +126,32 @@ def test_timeout_names_the_log_and_leaves_nothing_running(tmp_path: Path) -> Non
     assert not (tmp_path / "home" / "node-1" / "kafka.pid").exists()
 
 
+def _offsets_log_segment_bytes(bootstrap: str) -> int:
+    """The segment size of ``__consumer_offsets`` once a group has committed (Kafka makes the
+    topic then): small segments are compacted soon, so a broker that takes a group's coordinator
+    over reads little before it answers. Kafka ignores a setting it does not know, so this asks
+    the topic the broker made, not the file the launcher wrote."""
+    topic = f"segments-{uuid.uuid4().hex[:8]}"
+    admin = clients.new_admin(bootstrap)
+    admin.create_topics([clients.NewTopic(topic, 1, 1)])[topic].result(30)
+    consumer = clients.new_consumer(bootstrap, f"segments-{uuid.uuid4().hex[:8]}")
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the first commit meets the coordinator still loading the new topic
+            try:
+                consumer.commit(offsets=[TopicPartition(topic, 0, 0)], asynchronous=False)
+                break
+            except clients.KafkaException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+    finally:
+        consumer.close()
+    resource = clients.ConfigResource(clients.ResourceType.TOPIC, "__consumer_offsets")
+    found = admin.describe_configs([resource])[resource].result(30)
+    return int(found["segment.bytes"].value)
+
+
 @pytest.mark.kafka
 @pytest.mark.timeout(300)  # a broker's start on a loaded two-core machine
 def test_cli_start_is_idempotent_and_stops_by_pid(
@@ -153,6 +179,7 @@ def test_cli_start_is_idempotent_and_stops_by_pid(
         assert main(["dev-kafka", "status", "--home", str(home)]) == 0
         assert capsys.readouterr().out.startswith(f"running 127.0.0.1:{port}\n")
         assert clients.probe_brokers(f"127.0.0.1:{port}", timeout=10) == frozenset({1})
+        assert _offsets_log_segment_bytes(f"127.0.0.1:{port}") == 1024 * 1024
     finally:
         assert main(["dev-kafka", "stop", "--home", str(home)]) == 0
     assert capsys.readouterr().out == f"stopped 127.0.0.1:{port}\n"
