@@ -2,9 +2,10 @@
 
 The store that keeps it (RocksDB, or a dict for the memory store) writes the table's changes in
 the same atomic write as the events they follow, so the index never disagrees with the
-histories. Keys (raw bytes, all under ``v``)::
+histories. Keys (raw bytes, all under ``v`` but the row's)::
 
-    vr<run_id>                                  the run's row (a JSON array, ``_ROW_FIELDS``)
+    r<run_id>                                   the run's last sequence (8 bytes, big-endian)
+                                                and its row (a JSON array, ``_ROW_FIELDS``)
     vw<len:2><workflow><status>\\0<newest><run_id>  by workflow and status, by update time
     vn<workflow>                                a workflow that has runs (written with its first)
     vp<run_id>                                  the run's open suspensions (JSON), while it has any
@@ -21,9 +22,11 @@ rewritten by each change that moves them (the writer holds them in memory), so `
 one read.
 
 Every append rewrites its run's row and moves its one ``vw`` key to the new update time in the
-same write as its events (three keys: the row, the old ``vw`` key deleted, the new one put), so
-the table's keys are most of what an append writes: rows and counters are arrays without field
-names, and no key lists every run (the ``vw`` keys together do). A store whose table was
+same write as its events, so the table's keys are most of what an append writes: the row rides
+in the key the RocksDB store writes for every append anyway (``r<run_id>``, the run's last
+sequence; the table writes it whole, the sequence first), so an append writes two keys of the
+index's own (the old ``vw`` key deleted, the new one put); rows and counters are arrays without
+field names, and no key lists every run (the ``vw`` keys together do). A store whose table was
 written in another layout (``STALE_BUILT_KEYS``) has it built again on open.
 """
 
@@ -71,13 +74,15 @@ __all__ = [
 
 #: Marks a store whose run index is built in this layout (a store written before it existed, or
 #: in another layout, gets it built on open).
-BUILT_KEY = b"m/run_index/3"
+BUILT_KEY = b"m/run_index/4"
 #: The marks of earlier layouts, deleted when the table is built again: the first had JSON
 #: objects for rows and counters and a key per run by update time; the second a key per run by
-#: status (``vs<status>\0<newest><run_id>``) beside the one by workflow.
-STALE_BUILT_KEYS = (b"m/run_index", b"m/run_index/2")
+#: status (``vs<status>\0<newest><run_id>``) beside the one by workflow; the third the row in a
+#: key of its own (``vr<run_id>``).
+STALE_BUILT_KEYS = (b"m/run_index", b"m/run_index/2", b"m/run_index/3")
 PREFIX = b"v"
-_ROW = b"vr"
+#: The run's row follows its last sequence in the store's key of the run.
+_ROW = b"r"
 _BY_WORKFLOW = b"vw"
 _WORKFLOW = b"vn"
 _OPEN = b"vp"
@@ -359,7 +364,8 @@ class RunTable:
                 found.append((key, b""))
             else:
                 found = []
-        found.append((_ROW + run_key, _row_value(state, workflow, status, created, updated)))
+        row = _row_value(state, workflow, status, created, updated)
+        found.append((_ROW + run_key, state.last_sequence.to_bytes(8, "big") + row))
         if before is None:
             if items:  # a new run has no key of open suspensions to delete
                 found.append((_OPEN + run_key, _items_value(items)))
@@ -454,7 +460,8 @@ class RunTable:
     def get(self, run_id: str) -> RunRow | None:
         with self._lock:
             raw = self._reader.get(_ROW + run_id.encode())
-        return None if raw is None else _row_of(run_id, raw)
+        # (Only a sequence: a run whose history does not validate is left out of the index.)
+        return None if raw is None or len(raw) <= 8 else _row_of(run_id, raw[8:])
 
     def counts(self) -> dict[str, int]:
         totals = self.totals()
@@ -514,9 +521,9 @@ class RunTable:
             del sort_keys[query.limit :]
             raws = [self._reader.get(_ROW + key[8:]) for key in sort_keys]
         rows = tuple(
-            _row_of(key[8:].decode(), raw)
+            _row_of(key[8:].decode(), raw[8:])
             for key, raw in zip(sort_keys, raws, strict=True)
-            if raw is not None
+            if raw is not None and len(raw) > 8
         )
         cursor = encode_cursor(sort_keys[-1]) if more else None
         return RunPage(rows=rows, next_cursor=cursor)

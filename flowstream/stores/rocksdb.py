@@ -3,19 +3,20 @@
 Key layout (one RocksDB, raw bytes):
 
 ``e<run_id>\\0<seq:8 BE>``      the event envelope, as JSON
-``r<run_id>``                   the run's last sequence (8 BE), for ``list_runs`` and conflicts
+``r<run_id>``                   the run's last sequence (8 BE), for ``list_runs`` and conflicts;
+                                in a store that keeps the run index, the run's row after it
 ``w<due µs:8 BE>\\0<run>\\0<kind>\\0<subject>``   the wakeup index, scanned by due time
 ``h<token digest>``             ``<run_id>\\0<hook_id>`` of the hook that claimed the token
 ``o<run_id>``                   the run is not terminal (the open-runs index of the liveness scan)
 ``m/open_index``                the open-runs index is built (a store written before it existed
                                 gets it built once, from each run's last event, when opened)
-``v…``                          the run index: rows, keys by workflow, status and update time,
+``v…``                          the run index: keys by workflow, status and update time,
                                 workflows, open suspensions, counters (``flowstream.index.table``)
-``m/run_index/3``               the run index is built in its current layout (a store written
-                                before it existed, or in an earlier layout, ``m/run_index/2`` or
-                                ``m/run_index``, gets it built once, from every history, when
-                                opened read-write; a read-only open of such a store builds it
-                                in memory)
+``m/run_index/4``               the run index is built in its current layout (a store written
+                                before it existed, or in an earlier layout, ``m/run_index/3``,
+                                ``/2`` or ``m/run_index``, gets it built once, from every
+                                history, when opened read-write; a read-only open of such a
+                                store builds it in memory)
 
 An append and every index change it causes go in one ``WriteBatch``. With ``sync="group"`` (the
 default) the appends made until the next ``wait_durable`` collect in one batch, written before
@@ -188,7 +189,8 @@ def put_append(
     run_key = run_id.encode()
     for envelope, data in zip(envelopes, encoded, strict=True):
         batch.put(b"e" + run_key + b"\0" + envelope.sequence.to_bytes(8, "big"), data)
-    batch.put(b"r" + run_key, envelopes[-1].sequence.to_bytes(8, "big"))
+    if not changes.run_index:  # else the run index writes the key, with the run's row after it
+        batch.put(b"r" + run_key, envelopes[-1].sequence.to_bytes(8, "big"))
     for wakeup in changes.removed_wakeups:
         batch.delete(wakeup_key(wakeup))
     for wakeup in changes.added_wakeups:
@@ -361,7 +363,7 @@ class RocksDBEventStore(EventStore):
         """Index the open runs of a store written before the index existed (once)."""
         batch = WriteBatch(raw_mode=True)
         for key, value in self._scan(b"r"):
-            last = self._db.get(b"e" + key[1:] + b"\0" + bytes(value))
+            last = self._db.get(b"e" + key[1:] + b"\0" + bytes(value)[:8])
             if last is None or self._event_type(bytes(last)) not in TERMINAL_EVENTS:
                 batch.put(b"o" + key[1:], b"")
         batch.put(_OPEN_INDEX_KEY, b"")

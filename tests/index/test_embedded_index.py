@@ -321,8 +321,9 @@ def test_a_store_whose_index_has_the_second_layout_is_indexed_again_on_open(
     tmp_path: Path, clock: FakeClock
 ) -> None:
     """The second layout (mark ``m/run_index/2``) kept a key per run by status beside the one by
-    workflow, and no key per workflow: such a store is read as it is by a read-only open (the
-    index built in memory) and built anew, its status keys deleted, by the next writer."""
+    workflow, no key per workflow, and the row in a key of its own (``vr<run>``) beside the run's
+    last sequence: such a store is read as it is by a read-only open (the index built in memory)
+    and built anew, its status keys deleted, by the next writer."""
     path = tmp_path / "db"
     with RocksDBEventStore(path, clock=clock) as first:
         fill(FlowEngine(first, RUNTIME, clock=clock), 20)
@@ -336,6 +337,10 @@ def test_a_store_whose_index_has_the_second_layout_is_indexed_again_on_open(
         for key in [bytes(k) for k in db.keys(from_key=b"vn")]:
             if key.startswith(b"vn"):
                 del db[key]
+        for key, value in [(bytes(k), bytes(v)) for k, v in db.items(from_key=b"r")]:
+            if key.startswith(b"r"):  # the run's last sequence alone, the row in a key of its own
+                db[key] = value[:8]
+                db[b"vr" + key[1:]] = value[8:]
         for state in [*old, RunState.from_history(old[0].history[:2])]:  # one run twice
             updated = state.updated_at or state.created_at
             newest = ((1 << 64) - 1 - micros(updated)).to_bytes(8, "big")
@@ -355,7 +360,8 @@ def test_a_store_whose_index_has_the_second_layout_is_indexed_again_on_open(
     db = Rdict(str(path), options=Options(raw_mode=True), access_type=AccessType.read_only())
     try:
         assert db.get(b"m/run_index/2") is None and db.get(BUILT_KEY) is not None
-        assert not [key for key in db.keys(from_key=b"vs") if bytes(key).startswith(b"vs")]
+        for old_prefix in (b"vs", b"vr"):
+            assert not [k for k in db.keys(from_key=old_prefix) if bytes(k).startswith(old_prefix)]
         names = [bytes(k) for k in db.keys(from_key=b"vn") if bytes(k).startswith(b"vn")]
         assert names == [b"vnorder", b"vnrefund"]
     finally:
@@ -364,9 +370,14 @@ def test_a_store_whose_index_has_the_second_layout_is_indexed_again_on_open(
 
 def test_an_append_writes_a_compact_row_and_moves_one_key(tmp_path: Path) -> None:
     """The index's keys are most of an append's write (and with ``sync="always"`` each costs
-    an fsync): a row is an array of values, and a run has one key by update time, by workflow
-    and status (a listing without a workflow filter merges the workflows'); its workflow's key
-    is written with the first run of the workflow only."""
+    an fsync): a row is an array of values, written after the run's last sequence in the key the
+    store writes for every append (``r<run_id>``), and a run has one key by update time, by
+    workflow and status (a listing without a workflow filter merges the workflows'); its
+    workflow's key is written with the first run of the workflow only."""
+
+    def kind(key: bytes) -> bytes:
+        return key[:2] if key.startswith(b"v") else key[:1]
+
     store = RocksDBEventStore(tmp_path / "db", sync="always")
     written: list[list[tuple[bytes, bytes | None]]] = []
     table = store._run_table
@@ -381,15 +392,15 @@ def test_an_append_writes_a_compact_row_and_moves_one_key(tmp_path: Path) -> Non
     table.change = watched  # type: ignore[method-assign]
     try:
         store.append_if_sequence("r1", 0, [RunCreated(spec=ORDER, input={}), RunStarted()])
-        assert sorted(key[:2] for key, _ in written[-1]) == [b"vc", b"vn", b"vr", b"vw"]
+        assert sorted(kind(key) for key, _ in written[-1]) == [b"r", b"vc", b"vn", b"vw"]
         store.append_if_sequence("r2", 0, [RunCreated(spec=ORDER, input={}), RunStarted()])
-        assert sorted(key[:2] for key, _ in written[-1]) == [b"vc", b"vr", b"vw"]
+        assert sorted(kind(key) for key, _ in written[-1]) == [b"r", b"vc", b"vw"]
         store.append_if_sequence("r1", 2, [StepCreated(step_id="a", step_name="charge")])
         moved = written[-1]
         assert [key[:2] for key, value in moved if value is None] == [b"vw"]
-        assert sorted(key[:2] for key, value in moved if value is not None) == [b"vr", b"vw"]
-        row = next(value for key, value in moved if key == b"vr" + b"r1")
-        assert row is not None and len(row) < 120, row
+        assert sorted(kind(key) for key, value in moved if value is not None) == [b"r", b"vw"]
+        row = next(value for key, value in moved if key == b"r" + b"r1")
+        assert row is not None and row[:8] == (3).to_bytes(8, "big") and len(row) < 128, row
         page = store.run_index().query(RunQuery())
         assert [r.run_id for r in page.rows] == ["r1", "r2"]
         assert page.rows[0] == store.run_index().get("r1")
