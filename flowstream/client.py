@@ -4,11 +4,11 @@ Commands are keyed by run id and sent to ``partition_for(run_id)`` explicitly. S
 idempotent by run id and signalling by signal id (the processor enforces both), so a client may
 retry any send. Reads use ``read_committed``: only events of committed transactions are seen.
 
-Every command carries a command id (one the caller gives, or a new one), and by default the
-client waits for its outcome on the outcomes topic (``wait=False``, on the client or per call,
-sends and returns at once). An applied command or a no-op (a duplicate) returns its
-``CommandOutcome``; a rejected one raises the error the embedded engine raises for the same
-request (``RunConflictError``, ``RunNotFoundError``, ``InvalidInputError``...,
+Every command carries a command id (one the caller gives, or a new one), and by default the client
+waits for its outcome, an ``outcome`` record of the events topic (``wait=False``, on the client or
+per call, sends and returns at once). An applied command or a no-op (a duplicate) returns its
+``CommandOutcome``; a rejected one raises the error the embedded engine raises for the same request
+(``RunConflictError``, ``RunNotFoundError``, ``InvalidInputError``...,
 :func:`flowstream.errors.error_from`), with the processor's reason; a parked one raises
 ``CommandParkedError`` (``RunNotStartedError``, also a ``RunNotFoundError``, for a run that does
 not exist yet: the command applies if it starts within the parked time-to-live). No outcome within
@@ -63,7 +63,6 @@ from flowstream.topology import (
     CMD_SIGNAL,
     CMD_START,
     EVENTS,
-    OUTCOMES,
     Topology,
     load_topology,
 )
@@ -108,7 +107,7 @@ class FlowClient:
         # in flight): a start waiting out a linger is latency every run pays.
         self._producer = clients.new_producer(settings.bootstrap, {"linger.ms": 0})
         # Reads the outcomes of the commands this client waits for.
-        self._reader = OutcomeReader(settings, self.topics[OUTCOMES], self.partitions)
+        self._reader = OutcomeReader(settings, self.topics[EVENTS], self.partitions)
 
     # -- commands -------------------------------------------------------------------------
 
@@ -131,7 +130,7 @@ class FlowClient:
             raise PayloadTooLargeError(run_id, len(value), MAX_EVENT_BYTES)
         partition = partition_for(key, self.partitions)
         deadline = time.monotonic() + seconds
-        # Its outcome is written after it, so after the end the outcomes partition has now (a
+        # Its outcome is written after it, so after the end the events partition has now (a
         # topic just created may answer "not leader" for a few seconds, whatever the timeout).
         patience = max(deadline, time.monotonic() + _METADATA_PATIENCE_S)
         start = self._reader.end(partition, patience) if waiting else None
@@ -275,7 +274,7 @@ class FlowClient:
 
     def outcomes(self, command_id: str, key: str, *, timeout: float = 30) -> list[CommandOutcome]:
         """Every outcome of command ``command_id`` so far, in order, read by any client from the
-        outcomes partition of ``key`` (the run the command addressed; for a token-only hook
+        events partition of ``key`` (the run the command addressed; for a token-only hook
         resumption, the token's digest) and, after a forward, of the run it was sent on to."""
         found: list[CommandOutcome] = []
         read: set[int] = set()
@@ -284,7 +283,7 @@ class FlowClient:
             if partition in read:
                 break  # the run it went on to shares a partition read already
             read.add(partition)
-            tail = EventTail(self.settings, [partition], topic=self.topics[OUTCOMES])
+            tail = EventTail(self.settings, [partition], topic=self.topics[EVENTS])
             try:
                 records = tail.read_records_to_end(timeout=timeout)
             finally:

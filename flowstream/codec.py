@@ -298,7 +298,7 @@ class AvroCodec:
         return letter
 
     def decode_outcome(self, data: bytes) -> CommandOutcome:
-        """Decode bytes from the outcomes topic."""
+        """Decode a ``CommandOutcome`` (the Avro part of an ``outcome`` record)."""
         outcome = self._decode(data, (CommandOutcome,))
         assert isinstance(outcome, CommandOutcome)
         return outcome

@@ -1,6 +1,6 @@
-"""Waiting for a command's outcome on the outcomes topic, and what an outcome means to a client.
+"""Waiting for a command's outcome on the events topic, and what an outcome means to a client.
 
-A client that sends a command notes the end of the outcomes partition of the command's key first
+A client that sends a command notes the end of the events partition of the command's key first
 (its outcome is written after the command, so after that end), then reads from there until an
 outcome with the command's id appears: a final one (applied, noop, rejected) or ``parked``. A
 ``forwarded`` outcome sends the reader on to the partition of the run it names, from a little
@@ -37,7 +37,7 @@ MAX_FORWARDS = 64
 #: A forwarded command's next outcome is looked for from this long before the forward was
 #: written (the clocks of two processors may differ).
 _FORWARD_SKEW_MS = 60_000
-#: How long the broker may hold a fetch of the outcomes topic that finds nothing.
+#: How long the broker may hold a fetch of the events topic that finds nothing.
 _FETCH_WAIT_MS = 20
 #: What a command is, in a sentence.
 _WHAT = {
@@ -109,8 +109,9 @@ def high_watermark(consumer: Any, topic: str, partition: int, deadline: float) -
 
 
 class OutcomeReader:
-    """One ``read_committed`` consumer of the outcomes topic, assigned one partition at a time,
-    made at the first use."""
+    """One ``read_committed`` consumer of the events topic (``topic``), assigned one partition at a
+    time, made at the first use: it takes the ``outcome`` records (:func:`wire.outcomes_of`) and
+    passes over the rest."""
 
     def __init__(self, settings: Settings, topic: str, partitions: int) -> None:
         self.settings = settings
@@ -131,14 +132,14 @@ class OutcomeReader:
         return self._consumer
 
     def end(self, partition: int, deadline: float) -> int:
-        """The end of an outcomes partition now: a command sent after this has its outcome
-        after it."""
+        """The end of an events partition now: a command sent after this has its outcome after
+        it."""
         return high_watermark(self._reader(), self.topic, partition, deadline)
 
     def wait(
         self, command_id: str, key: str, partition: int, start: int, deadline: float
     ) -> CommandOutcome:
-        """The first outcome of ``command_id`` from offset ``start`` of its outcomes partition
+        """The first outcome of ``command_id`` from offset ``start`` of its events partition
         that is final or parked, following forwards to the partition of the run they name;
         ``TimeoutError`` past ``deadline``."""
         for _ in range(MAX_FORWARDS + 1):
@@ -180,7 +181,7 @@ class OutcomeReader:
                         return outcome, int(message.timestamp()[1]), int(message.offset())
 
     def _offset_at(self, partition: int, written_ms: int, deadline: float) -> int:
-        """The first offset of an outcomes partition written at ``written_ms`` or later."""
+        """The first offset of an events partition written at ``written_ms`` or later."""
         end = self.end(partition, deadline)
         tp = clients.TopicPartition(self.topic, partition, max(0, written_ms))
         (found,) = self._reader().offsets_for_times([tp], timeout=10)

@@ -33,7 +33,6 @@ __all__ = [
     "CMD_TIMER",
     "DEADLETTER",
     "EVENTS",
-    "OUTCOMES",
     "REQUIRED_SUFFIXES",
     "TopicSpec",
     "Topology",
@@ -49,7 +48,6 @@ CMD_HOOK = "cmd.hook"
 CMD_CANCEL = "cmd.cancel"
 CMD_TIMER = "cmd.timer"
 DEADLETTER = "deadletter"
-OUTCOMES = "outcomes"
 REQUIRED_SUFFIXES = (
     EVENTS,
     CMD_START,
@@ -58,7 +56,6 @@ REQUIRED_SUFFIXES = (
     CMD_CANCEL,
     CMD_TIMER,
     DEADLETTER,
-    OUTCOMES,
 )
 
 _TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._-]+$")

@@ -1,5 +1,5 @@
-"""The wire contract of the events and outcomes topics: record kinds, their headers and values,
-one classifier, and the readers of outcomes.
+"""The wire contract of the events topic: record kinds, their headers and values, one classifier,
+and the readers of command outcomes.
 
 Every record on the events topic is one of these (header ``flowstream-record`` names the kind; a
 record without it is an event):
@@ -18,6 +18,8 @@ record without it is an event):
   and its run is woken when the digest is released (the release record forgets the waiters).
 - ``hook-token`` (key: token digest): the same value, written by releases before claims: the last
   hook registered for a digest. Restored as a routing fallback only.
+- ``outcome`` (key: the command's key): ``command_id NUL`` and a ``CommandOutcome`` (Avro, like
+  the commands), what became of a command a client sent (below).
 - ``anchor`` (no key, empty value): written by a processor's transaction only to register the
   partition with it early (where the steps it starts will report); no reader takes it.
 
@@ -32,13 +34,14 @@ is reported as a :class:`BadRecord` naming its partition, offset and the run of 
 skipped; the reader decides what it means for that run. A writer's restore, which must not go on
 with a shorter history, stops at such a record instead.
 
-The outcomes topic (``outcomes``) says what became of each command a client sent with a
-``command_id`` (all of them, since command ids; a command without one gets no outcome). A record's
-key is the command's key (its run id, or a token-only hook resumption's token digest), its
-partition that key's (co-partitioned with the command topics), its value a ``CommandOutcome``
-(Avro, like the commands). The processor writes it in the transaction that records the command's
-effect, so a ``read_committed`` reader sees an outcome only with the events it speaks of. One
-command may have several outcomes, in order: ``parked`` and then what became of it when it was
+A command a client sent with a ``command_id`` (all of them, since command ids; a command without
+one gets none) is answered by ``outcome`` records on the events partition of its key: its run id,
+or a token-only hook resumption's token digest. The processor writes each in the transaction that
+records the command's effect, on a partition that transaction writes anyway, so a
+``read_committed`` reader sees an outcome only with the events it speaks of, and an answer adds no
+partition to the transaction. (Earlier releases wrote them to a topic of their own, ``outcomes``,
+whose partitions each transaction added: up to one more per partition it applied commands of.)
+One command may have several outcomes, in order: ``parked`` and then what became of it when it was
 retried, or ``forwarded`` and then, on the partition of the run it went on to, the rest.
 :func:`outcomes_of` picks one command's outcomes out of consumed records.
 """
@@ -59,6 +62,7 @@ from flowstream.model.messages import CommandOutcome
 __all__ = [
     "ANCHOR_HEADERS",
     "EVENT_HEADERS",
+    "OUTCOME_HEADERS",
     "REASON_HEADER",
     "RECORD_HEADER",
     "WRITER_HEADER",
@@ -74,6 +78,7 @@ __all__ = [
     "inbox_value",
     "kind_of",
     "log_bad_record",
+    "outcome_value",
     "outcomes_of",
     "split_hook_token",
     "split_inbox",
@@ -100,6 +105,7 @@ class RecordKind(StrEnum):
     HOOK_CLAIM = "hook-claim"
     HOOK_RELEASE = "hook-release"
     HOOK_WAITER = "hook-waiter"
+    OUTCOME = "outcome"
     ANCHOR = "anchor"
 
 
@@ -251,16 +257,29 @@ def split_hook_token(value: bytes) -> tuple[str, str, str]:
 ANCHOR_HEADERS: Headers = [(RECORD_HEADER, RecordKind.ANCHOR.value.encode())]
 
 
+#: Headers of an ``outcome`` record.
+OUTCOME_HEADERS: Headers = [(RECORD_HEADER, RecordKind.OUTCOME.value.encode())]
+
+
+def outcome_value(command_id: str, outcome: bytes) -> bytes:
+    """The value of an ``outcome`` record: the encoded ``CommandOutcome`` after its command's id
+    (text first, as every kind but ``event``; a reader finds its command's without decoding)."""
+    return command_id.encode() + b"\0" + outcome
+
+
 def outcomes_of(messages: Iterable[Any], command_id: str) -> Iterator[CommandOutcome]:
-    """The outcomes of command ``command_id`` among ``messages`` (consumed records of the
-    outcomes topic), in order; records that carry an error or do not decode are skipped."""
-    wanted = command_id.encode()
+    """The outcomes of command ``command_id`` among ``messages`` (consumed records of the events
+    topic), in order; records of other kinds, records that carry an error and outcomes that do
+    not decode are skipped."""
+    prefix = command_id.encode() + b"\0"
     for message in messages:
         value = message.value()
-        if message.error() is not None or not value or wanted not in value:
+        if message.error() is not None or not value or not value.startswith(prefix):
+            continue
+        if kind_of(message) is not RecordKind.OUTCOME:
             continue
         try:
-            outcome = codec.decode_outcome(value)
+            outcome = codec.decode_outcome(value[len(prefix) :])
         except SerializationError as exc:
             LOG.warning("skipped an outcome record that does not decode: %s", exc)
             continue

@@ -1,6 +1,6 @@
 """``OutcomeReader`` and ``answer``, over a fake consumer (pure logic: which partition and offset
-it reads next, and what an outcome means). The broker-backed tests are in
-``tests/kafka/test_command_outcomes.py``."""
+it reads next, which records of the events partition it takes, and what an outcome means). The
+broker-backed tests are in ``tests/kafka/test_command_outcomes.py``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from flowstream import codec
+from flowstream import codec, wire
 from flowstream.errors import (
     CommandParkedError,
     FlowError,
@@ -31,9 +31,13 @@ class Message:
     data: bytes
     at: int
     ms: int
+    head: list[tuple[str, bytes]] = field(default_factory=list)
 
     def value(self) -> bytes:
         return self.data
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return self.head
 
     def error(self) -> None:
         return None
@@ -51,8 +55,14 @@ class FakeConsumer:
     assigned: list[tuple[int, int]] = field(default_factory=list)
 
     def add(self, partition: int, outcome: CommandOutcome, ms: int = 1_000_000) -> None:
+        """An ``outcome`` record, after a record of another kind that names the same command (an
+        event, a parked command): the reader passes over those."""
         log = self.logs.setdefault(partition, [])
-        log.append(Message(codec.encode_message(outcome), len(log), ms))
+        value = wire.outcome_value(outcome.command_id, codec.encode_message(outcome))
+        log.append(Message(codec.MARKER + value, len(log), ms))
+        inbox = wire.inbox_value(outcome.key, outcome.command_id, value)
+        log.append(Message(inbox, len(log), ms, [(wire.RECORD_HEADER, b"inbox")]))
+        log.append(Message(value, len(log), ms, list(wire.OUTCOME_HEADERS)))
 
     def assign(self, tps: list[Any]) -> None:
         (tp,) = tps
@@ -84,7 +94,7 @@ def outcome(status: OutcomeStatus, key: str = "r-1", **fields: Any) -> CommandOu
 
 
 def reader(fake: FakeConsumer) -> OutcomeReader:
-    made = OutcomeReader(Settings(bootstrap="nowhere:1"), "p.outcomes", PARTITIONS)
+    made = OutcomeReader(Settings(bootstrap="nowhere:1"), "p.events", PARTITIONS)
     made._consumer = fake
     return made
 
@@ -112,7 +122,7 @@ def test_a_forward_is_followed_to_the_partition_of_the_run_it_names(same: bool) 
     found = reader(fake).wait("c-1", digest, source, 0, deadline=float("inf"))
     assert (found.status, found.key) == (OutcomeStatus.APPLIED, run_id)
     assert fake.assigned[0] == (source, 0)
-    assert fake.assigned[1] == ((source, 2) if same else (target, 0))
+    assert fake.assigned[1] == ((source, 6) if same else (target, 0))
 
 
 def test_no_outcome_in_time_says_which_partition_has_no_processor() -> None:

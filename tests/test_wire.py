@@ -11,6 +11,7 @@ import pytest
 
 from flowstream import codec, wire
 from flowstream.model.events import FlowEvent, RunCompleted, RunCreated, RunStarted
+from flowstream.model.messages import CommandOutcome, OutcomeStatus
 from flowstream.model.spec import WorkflowSpec
 from tests.support import envelope
 
@@ -150,6 +151,36 @@ def test_values_round_trip() -> None:
     record = Record(b"", _headers=[(wire.REASON_HEADER, b"build b2 not served")])
     assert wire.header_of(record, wire.REASON_HEADER) == b"build b2 not served"
     assert wire.header_of(record, wire.WRITER_HEADER) is None
+
+
+def test_an_outcome_record_is_its_own_kind_found_by_its_command_id() -> None:
+    """Outcomes share the events partitions: readers of histories pass over them, and an outcome
+    never looks like an event (its value starts with the command id, never with ``C3 01``)."""
+    (first, *_) = _history("r")
+    answer = CommandOutcome(
+        command_id="c-1", key="r", command="start_run", status=OutcomeStatus.APPLIED
+    )
+    value = wire.outcome_value("c-1", codec.encode_message(answer))
+    other = wire.outcome_value(
+        "c-10", codec.encode_message(answer.model_copy(update={"command_id": "c-10"}))
+    )
+    records = _records(
+        (first, b"r", None),
+        (value, b"r", wire.OUTCOME_HEADERS),
+        (other, b"r", wire.OUTCOME_HEADERS),
+        (wire.inbox_value("r", "c-1", value), b"r", [(wire.RECORD_HEADER, b"inbox")]),
+    )
+    assert not value.startswith(codec.MARKER)
+    assert [wire.kind_of(r) for r in records] == [
+        wire.RecordKind.EVENT,
+        wire.RecordKind.OUTCOME,
+        wire.RecordKind.OUTCOME,
+        wire.RecordKind.INBOX,
+    ]
+    assert [e.sequence for e in wire.decode_events(records)] == [1]
+    assert list(wire.outcomes_of(records, "c-1")) == [answer]
+    assert [o.command_id for o in wire.outcomes_of(records, "c-10")] == ["c-10"]
+    assert list(wire.outcomes_of(records, "c")) == []
 
 
 #: Modules that spell the contract themselves on purpose: the chaos auditor and its test read the

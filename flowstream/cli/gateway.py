@@ -199,7 +199,6 @@ def _kafka(args: argparse.Namespace) -> int:
         CMD_SIGNAL,
         CMD_START,
         EVENTS,
-        OUTCOMES,
         load_topology,
     )
 
@@ -210,7 +209,7 @@ def _kafka(args: argparse.Namespace) -> int:
     _require_topics(
         kafka,
         topology,
-        (CMD_START, CMD_SIGNAL, CMD_HOOK, CMD_CANCEL, EVENTS, OUTCOMES),
+        (CMD_START, CMD_SIGNAL, CMD_HOOK, CMD_CANCEL, EVENTS),
         args.timeout,
     )
     runtime = load_runtime(args.app) if args.app else None

@@ -83,7 +83,6 @@ from flowstream.topology import (
     CMD_SIGNAL,
     CMD_START,
     EVENTS,
-    OUTCOMES,
     Topology,
     TopologyError,
     load_topology,
@@ -172,7 +171,8 @@ def register(subparsers: Any) -> None:
         verb: argparse.ArgumentParser = verbs.add_parser(
             name, help=help, description=help, parents=parents
         )
-        needed = tuple(suffixes) if reads else (*suffixes, OUTCOMES)
+        # A command's outcome is read from the events topic.
+        needed = tuple(suffixes) if reads else tuple(dict.fromkeys((*suffixes, EVENTS)))
         verb.set_defaults(handler=_handler(work, needed, reads=reads))
         return verb
 
@@ -256,9 +256,9 @@ def register(subparsers: Any) -> None:
 
     outcome = add(
         "outcome",
-        "show what became of a command, by its id, read from the outcomes topic",
+        "show what became of a command, by its id, read from its events partition",
         _outcome_of,
-        (OUTCOMES,),
+        (EVENTS,),
         reads=True,
     )
     outcome.add_argument("command_id")

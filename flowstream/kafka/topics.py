@@ -2,7 +2,7 @@
 
 ``apply`` creates what is missing (waiting until every partition has a leader), then verifies
 everything; ``verify`` only checks. Both take ``suffixes`` to handle some of the declared topics
-only (a repartition creates the events and outcomes topics before the command topics). A topic
+only (a repartition creates the events topic before the command topics). A topic
 that exists with another partition count or cleanup policy than declared is an error naming the
 topic: run-keyed topics cannot be repartitioned in place, because
 :func:`flowstream.partitioning.partition_for` would move runs to other partitions. A deployment

@@ -9,7 +9,8 @@ and ``ResolveChild`` on ``cmd.timer``). A record that cannot be decoded or appli
 Every command a client sends (``StartRun``, ``SendSignal``, ``ResumeHook``, ``DisposeHook``,
 ``CancelRun``, ``RetryRun``) carries a ``command_id`` (``None`` in messages written before command
 ids, and in those a processor sends itself): the processor writes the command's
-:class:`CommandOutcome` under that id to the outcomes topic, in the transaction of its effect.
+:class:`CommandOutcome` under that id to the events topic (an ``outcome`` record), in the
+transaction of its effect.
 
 A ``ResumeHook`` may carry a hook token, a bearer secret: it is a ``SecretStr``, hidden from
 ``repr``, ``str`` and validation errors. Events never hold tokens, only their SHA-256 digest, and

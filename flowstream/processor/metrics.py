@@ -61,7 +61,7 @@ class ProcessorMetrics:
         )
         self.outcomes = Counter(
             "flowstream_command_outcomes",
-            "Command outcomes written to the outcomes topic, by status",
+            "Command outcomes written (outcome records of the events topic), by status",
             ["status"],
             registry=r,
         )

@@ -1,8 +1,8 @@
-"""``Outcomes``: what became of each command a client sent, written to the outcomes topic in the
-transaction of the command's effect.
+"""``Outcomes``: what became of each command a client sent, written as ``outcome`` records of the
+events topic in the transaction of the command's effect.
 
 A command with a ``command_id`` gets one outcome record per thing that happened to it, on the
-outcomes partition of its key (:mod:`flowstream.wire`): ``applied``; ``noop`` (a duplicate, or
+events partition of its key (:mod:`flowstream.wire`): ``applied``; ``noop`` (a duplicate, or
 nothing to do); ``rejected`` (with the reason and the ``flowstream.errors`` class a client
 raises); ``parked``, and later, when the inbox retries it, what became of it then (applied,
 noop, or rejected, also when it was given up after its time-to-live); ``forwarded``, and the rest
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from flowstream import codec
+from flowstream import codec, wire
 from flowstream.errors import FlowError
 from flowstream.model.messages import (
     CancelRun,
@@ -34,7 +34,7 @@ from flowstream.model.messages import (
 from flowstream.model.snapshot import HookStatus
 from flowstream.processor.context import Context, routing_key
 from flowstream.replay.state import RunState
-from flowstream.topology import OUTCOMES
+from flowstream.topology import EVENTS
 
 __all__ = ["Before", "Outcomes", "error_kind"]
 
@@ -124,7 +124,13 @@ class Outcomes:
             forwarded_to=forwarded_to,
             source=source,
         )
-        self.ctx.produce(self.ctx.topics[OUTCOMES], partition, key, value)
+        self.ctx.produce(
+            self.ctx.topics[EVENTS],
+            partition,
+            key,
+            wire.outcome_value(command_id, value),
+            wire.OUTCOME_HEADERS,
+        )
         metrics = self.ctx.metrics
         metrics.child(metrics.outcomes, status.value).inc()
 

@@ -11,18 +11,18 @@ new count instead, and the processors of the new prefix restore from the copy:
    (the move's group remembers it: then the move resumes). What the old writers left open is
    aborted, as a new owner's fence does (``processor.fence``), and the move waits until every
    old partition is stable.
-2. **Copy** (:mod:`.pump`): the new events and outcomes topics are created, and every record of
-   the old ones, read ``read_committed`` (aborted records and transaction markers skipped), is
-   produced to the partition of its key under the new count (``anchor`` records, which have no
-   key and no reader, are left out). Everything a run needs follows its history, because every
-   record of the events topic is keyed by what owns it: a run's events, its parked commands
-   (``inbox``) and their ends by run id; hook-token claims, waiters and releases by the token's
-   digest, so each lands on the new partition of that digest and stays the one cluster-wide
-   claim. Timers, steps in flight, children's and successors' links, quarantines are derived
-   from the histories by the new owners' restore, as after any failover. A record keeps its key,
-   value, timestamp (a parked command's time-to-live counts from it) and headers, and gains
-   ``flowstream-copied-from: <topic>:<partition>:<offset>``. Records of one key were on one old
-   partition and are copied in that partition's order, so each run's history keeps its order.
+2. **Copy** (:mod:`.pump`): the new events topic is created, and every record of the old one, read
+   ``read_committed`` (aborted records and transaction markers skipped), is produced to the
+   partition of its key under the new count (``anchor`` records, which have no key and no reader,
+   are left out). Everything a run needs follows its history, because every record of the events
+   topic is keyed by what owns it: a run's events, its parked commands (``inbox``) and their ends by
+   run id; hook-token claims, waiters and releases by the token's digest, so each lands on the new
+   partition of that digest and stays the one cluster-wide claim. Timers, steps in flight,
+   children's and successors' links, quarantines are derived from the histories by the new owners'
+   restore, as after any failover. A record keeps its key, value, timestamp (a parked command's
+   time-to-live counts from it) and headers, and gains ``flowstream-copied-from:
+   <topic>:<partition>:<offset>``. Records of one key were on one old partition and are copied in
+   that partition's order, so each run's history keeps its order.
 3. **Carry and forward the commands**: only then are the new command topics created (a
    processor refuses to start while a topic is missing, so none restores from a partial copy),
    and every command the old group had not applied (from its committed positions, which its
@@ -49,9 +49,10 @@ the stopped one left open, and the copy and the forwarding go on from the commit
 Nothing is ever copied twice or skipped.
 
 Clients still on the old prefix: their commands are forwarded, and while the move forwards, every
-outcome written on the new outcomes topic is written back to the old one (on its key's old
-partition, as a copy; the copies the move made are not sent back), so a client waiting there gets
-its answer. Dead letters stay on the old prefix: they name positions of the old topics.
+``outcome`` record written on the new events topic is written back to the old one (on its key's old
+partition, as a copy; the copies the move made, and every other kind, are not sent back), so a
+client waiting there gets its answer. Dead letters stay on the old prefix: they name positions of
+the old topics.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The audit of a move: the old and the new topics read back and compared.
 
-For each moved topic (events, outcomes, the command topics) the moved range of every old
+For each moved topic (events, the command topics) the moved range of every old
 partition is the move's: from where it began to its committed position. Every record of those
 ranges that :func:`~flowstream.repartition.pump.route` carries over must be on the new topic
 exactly once, as a copy naming it, on its key's new partition, with the same key, value,

@@ -2,11 +2,11 @@
 
 1. the checks (:class:`MovePlan`): the group idle on the old topics, the old partitions stable,
    the target empty or this move's;
-2. the events and outcomes topics created under the target, and copied to their end;
+2. the events topic created under the target, and copied to its end;
 3. the command topics (and the dead-letter topic) created, which lets processors start; what the
    old group had not applied forwarded, then whatever still arrives, until ``stop()``, while the
-   outcomes of the new topic are written back to the old one (clients still on the old prefix
-   wait there).
+   ``outcome`` records of the new events topic are written back to the old one (clients still on
+   the old prefix wait there).
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ class MoveReport:
     """What one run of a move did."""
 
     resumed: bool = False
-    #: Records of the events and outcomes topics copied (this run only).
+    #: Records of the events topic copied (this run only).
     copied: int = 0
     #: Commands forwarded (this run only).
     forwarded: int = 0
-    #: Outcomes of the new outcomes topic written back to the old one (this run only).
+    #: Outcomes of the new events topic written back to the old one (this run only).
     mirrored: int = 0
     #: The run stopped before the copy was complete (run it again to resume).
     interrupted: bool = False

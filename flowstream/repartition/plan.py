@@ -31,9 +31,9 @@ from flowstream.topology import (
     CMD_START,
     CMD_TIMER,
     EVENTS,
-    OUTCOMES,
     Topology,
 )
+from flowstream.wire import RecordKind
 
 __all__ = [
     "COPIED",
@@ -48,7 +48,7 @@ __all__ = [
 LOG = logging.getLogger("flowstream.repartition")
 
 #: Topics copied whole before any command topic exists.
-COPIED = (EVENTS, OUTCOMES)
+COPIED = (EVENTS,)
 #: Command topics: what the old group had not applied, then what still arrives, is forwarded.
 FORWARDED = (CMD_START, CMD_SIGNAL, CMD_HOOK, CMD_CANCEL, CMD_TIMER)
 #: The first word of the metadata of every position the move commits.
@@ -146,8 +146,10 @@ class Source:
     #: Where its records go: a topic, and the partition count that routes them there.
     dest: str
     dest_partitions: int
-    #: The copy of this partition is complete (events and outcomes only).
+    #: The copy of this partition is complete (events only).
     copied: bool = False
+    #: Only records of this kind are carried (``None``: every record).
+    only: RecordKind | None = None
     #: Records copied from it by this run of the move.
     moved: int = 0
 
@@ -417,24 +419,26 @@ class MovePlan:
         return sources
 
     def mirrors(self) -> list[Source]:
-        """The new outcomes partitions and where the move stands on them: while commands are
-        forwarded, the outcomes written there go back to the old outcomes topic, where clients
-        still on the old prefix wait for them (from the start: the copies are skipped)."""
+        """The new events partitions and where the move stands on them: while commands are
+        forwarded, the ``outcome`` records written there go back to the old events topic, where
+        clients still on the old prefix wait for them (from the start: the copies and every
+        other kind are skipped)."""
         reader = clients.new_consumer(self.bootstrap, self.move_id)
-        tps = [clients.TopicPartition(self.new(OUTCOMES), p) for p in range(self.partitions)]
+        tps = [clients.TopicPartition(self.new(EVENTS), p) for p in range(self.partitions)]
         try:
             found = reader.committed(tps, timeout=_REQUEST_S)
         finally:
             reader.close()
         return [
             Source(
-                OUTCOMES,
+                EVENTS,
                 tp.topic,
                 tp.partition,
                 0,
                 max(0, tp.offset),
-                self.old(OUTCOMES),
+                self.old(EVENTS),
                 self.source_partitions,
+                only=RecordKind.OUTCOME,
             )
             for tp in found
         ]

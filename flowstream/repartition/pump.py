@@ -171,6 +171,8 @@ class Pump:
                 continue  # fetched before an assignment changed
             source.position = offset + 1
             moved = True
+            if source.only is not None and wire.kind_of(message) is not source.only:
+                continue
             origin = copied_from(message)
             if origin is None or origin[0] != source.dest:  # a copy of the target: skip it
                 wanted.append((source, message))

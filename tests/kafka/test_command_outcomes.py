@@ -1,6 +1,6 @@
 """Every command answers (issue 17's command outcomes, and issue 16's rejected start input), on the
 real broker: a ``flowstream worker`` serving the example order workflow applies what a
-``FlowClient`` sends, writes each command's outcome to the outcomes topic, and the client raises
+``FlowClient`` sends, writes each command's outcome to its events partition, and the client raises
 the error the embedded engine raises for the same request."""
 
 from __future__ import annotations

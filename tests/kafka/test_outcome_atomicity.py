@@ -2,7 +2,8 @@
 
 The worker aborts every third commit after its records reached the log (``outcome_abort_app``),
 so some starts are applied twice: once in a transaction that aborts, once in one that commits.
-``read_uncommitted`` shows both outcome records and both ``run_created`` events of such a start;
+``read_uncommitted`` shows both outcome records (on the events topic, beside the events) and both
+``run_created`` events of such a start;
 ``read_committed`` shows exactly one of each for every start. An outcome written outside the
 transaction (or in another one) would outlive the abort of its events, and be seen twice.
 """
@@ -60,7 +61,10 @@ def _outcomes(records: list[Any]) -> Counter[tuple[str, OutcomeStatus]]:
     """(key, status) of each outcome record."""
     counts: Counter[tuple[str, OutcomeStatus]] = Counter()
     for message in records:
-        outcome = codec.decode_outcome(message.value())
+        if wire.kind_of(message) is not wire.RecordKind.OUTCOME:
+            continue
+        _, _, raw = message.value().partition(b"\0")
+        outcome = codec.decode_outcome(raw)
         counts[(outcome.key, outcome.status)] += 1
     return counts
 
@@ -98,7 +102,7 @@ def test_an_outcome_commits_and_aborts_with_the_events_of_its_command(
             time.sleep(0.15)  # spread over many transactions, some of which abort
 
         def committed() -> Counter[tuple[str, OutcomeStatus]]:
-            return _outcomes(_records(kafka_bootstrap, f"{prefix}.outcomes", "read_committed"))
+            return _outcomes(_records(kafka_bootstrap, f"{prefix}.events", "read_committed"))
 
         wait_until(
             lambda: {key for key, _ in committed()} >= set(run_ids),
@@ -114,7 +118,7 @@ def test_an_outcome_commits_and_aborts_with_the_events_of_its_command(
         created = _created(_records(kafka_bootstrap, events, "read_committed"))
         assert created == Counter(dict.fromkeys([*run_ids, "warm-up"], 1)), created
 
-        written = _outcomes(_records(kafka_bootstrap, f"{prefix}.outcomes", "read_uncommitted"))
+        written = _outcomes(_records(kafka_bootstrap, f"{prefix}.events", "read_uncommitted"))
         all_created = _created(_records(kafka_bootstrap, events, "read_uncommitted"))
         # Each application wrote one outcome and one run_created, aborted or committed together.
         assert {r: written[(r, OutcomeStatus.APPLIED)] for r in run_ids} == {

@@ -1,7 +1,7 @@
 """What a command that applied without raising did (``processor.outcomes.judge``), judged from
 its run before and after it: applied, or a no-op (a duplicate, or nothing to do). The run lives
-in an embedded engine's memory store, as a partition's would in its store; the outcomes topic
-itself is proven on the broker (``tests/kafka/test_command_outcomes.py``)."""
+in an embedded engine's memory store, as a partition's would in its store; the outcome records
+themselves are proven on the broker (``tests/kafka/test_command_outcomes.py``)."""
 
 from __future__ import annotations
 
