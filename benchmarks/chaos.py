@@ -13,7 +13,9 @@ schedule, cycling through the kinds unless ``--faults`` names them:
 * ``worker-stop``: SIGSTOP a worker for 7-14 s, then SIGCONT (the zombie must stay fenced);
 * ``state-wipe``: SIGKILL a worker, delete its state directory, restart it later;
 * ``broker-kill``: SIGKILL a broker (the processors' group coordinator first, then the others
-  in turn), restart it ``--broker-down`` s later.
+  in turn), restart it ``--broker-down`` s later;
+* ``coordinator-kill``: a ``broker-kill`` of the processors' group coordinator every time (not in
+  the default cycle; it measures the longest kind of broker kill).
 
 After the window the driver waits until every run it started is terminal, stops the workers, and
 hands over to :mod:`benchmarks.chaos_audit`, which reads the events topic on its own. Printed:
@@ -67,6 +69,8 @@ from flowstream.topology import CMD_START, EVENTS, load_topology
 __all__ = ["FAULT_KINDS", "SHORT", "ChaosOptions", "ChaosResult", "format_result", "run_chaos"]
 
 FAULT_KINDS = ("worker-kill", "worker-stop", "broker-kill", "state-wipe")
+#: Kinds that run only when ``--faults`` names them.
+NAMED_KINDS = ("coordinator-kill",)
 
 
 @dataclass
@@ -290,10 +294,10 @@ class _Driver:
 
     def inject(self, kind: str) -> None:
         now = time.monotonic()
-        if kind == "broker-kill":
+        if kind in ("broker-kill", "coordinator-kill"):
             if self._brokers_down:
-                print("chaos: broker-kill waits: a broker is still restarting", flush=True)
-            self._kill_broker_when_up()
+                print(f"chaos: {kind} waits: a broker is still restarting", flush=True)
+            self._kill_broker_when_up(coordinator_only=kind == "coordinator-kill")
             return
         candidates = self.workers.up()
         if len(candidates) < 2:  # keep one worker serving
@@ -317,16 +321,16 @@ class _Driver:
         fault.detail["probes"] = self._probe(now)
         print(f"chaos: {kind} {victim} (it wrote last on partitions {owned})", flush=True)
 
-    def _kill_broker_when_up(self) -> None:
+    def _kill_broker_when_up(self, coordinator_only: bool = False) -> None:
         """A broker killed while another restarts would take two down at once (and its gap
         would be the restart's): the kill waits until every broker is back."""
         now = time.monotonic()
         if self._brokers_down:
-            self.later(now + 1.0, self._kill_broker_when_up)
+            self.later(now + 1.0, lambda: self._kill_broker_when_up(coordinator_only))
         else:
-            self._kill_broker(now)
+            self._kill_broker(now, coordinator_only)
 
-    def _kill_broker(self, now: float) -> None:
+    def _kill_broker(self, now: float, coordinator_only: bool = False) -> None:
         admin = clients.new_admin(self.bootstrap)
         start_topic = load_topology().names(self.prefix)[CMD_START]
         metadata = admin.list_topics(timeout=10).topics
@@ -334,7 +338,7 @@ class _Driver:
         starts = {p: meta.leader for p, meta in metadata[start_topic].partitions.items()}
         coordinator = _group_coordinator(self.bootstrap, f"{self.prefix}-group")
         others = sorted({n.node_id for n in self.cluster.nodes} - {coordinator})
-        turn = self._brokers_killed % (len(others) + 1)
+        turn = 0 if coordinator_only else self._brokers_killed % (len(others) + 1)
         if coordinator < 0:  # not known now (the group is being described again)
             broker = others[turn % len(others)]
         else:
@@ -551,9 +555,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.getLogger("flowstream.kafka").setLevel(logging.ERROR)  # brokers die on purpose
     kinds = tuple(k for k in args.faults.split(",") if k)
-    unknown = set(kinds) - set(FAULT_KINDS)
+    known = (*FAULT_KINDS, *NAMED_KINDS)
+    unknown = set(kinds) - set(known)
     if unknown:
-        raise SystemExit(f"unknown fault kinds {sorted(unknown)}; use {', '.join(FAULT_KINDS)}")
+        raise SystemExit(f"unknown fault kinds {sorted(unknown)}; use {', '.join(known)}")
     options = ChaosOptions(
         runs=args.runs,
         minutes=args.minutes,

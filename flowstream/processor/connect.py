@@ -49,6 +49,8 @@ def connect_clients(processor: Processor) -> None:
         lambda: clients.new_consumer(s.bootstrap, s.group, {"isolation.level": "read_uncommitted"}),
     )
     processor.tasks.fence.prepare(processor.tasks.command_topics[0])
+    # Reads stable positions (read_committed) when the member's consumer times out; never joins.
+    processor.tasks.new_reader = lambda: clients.new_consumer(s.bootstrap, s.group)
     if member.protocol == "consumer":
         set_group_session(admin, s.group, member.session_ms, member.heartbeat_ms)
     processor.tasks.incremental = member.protocol == "consumer"

@@ -96,23 +96,68 @@ def state_path(root: Path, group: str, prefix: str, partition: int) -> Path:
     return root / group / prefix / f"p{partition:04d}"
 
 
-def committed_positions(consumer: Any, assigned: list[Any], *, timeout: float = 20) -> list[Any]:
-    """The group's committed positions of ``assigned``, asked again (as a timeout is) while the
-    answer of any partition carries an error.
+#: One read of a partition set's committed positions waits this long.
+POSITIONS_TIMEOUT_S = 5.0
+#: Reads that time out are asked again for this long before the error is raised.
+POSITIONS_PATIENCE_S = 300.0
+
+
+def committed_positions(
+    consumer: Any,
+    assigned: list[Any],
+    *,
+    fresh: Callable[[], Any] | None = None,
+    timeout: float = POSITIONS_TIMEOUT_S,
+    patience: float = POSITIONS_PATIENCE_S,
+    attempts: int = 6,
+) -> list[Any]:
+    """The group's committed positions of ``assigned``, asked again while the answer of any
+    partition carries an error (``attempts`` times) or the read times out (for ``patience``
+    seconds).
 
     ``Consumer.committed`` raises only when the whole request fails; a partition the coordinator
     answered with an error comes back with ``error`` set and no offset, which reads as "never
-    committed": its commands would be consumed again from the partition's start."""
+    committed": its commands would be consumed again from the partition's start.
 
-    def ask() -> list[Any]:
-        found = consumer.committed(assigned, timeout=timeout)
-        failed = [tp for tp in found if tp.error is not None]
-        if failed:
+    A read that times out is asked again through a client made for it (``fresh``: a consumer of
+    the group that never joins it), then through ``consumer`` again, in turns. librdkafka looks a
+    group's coordinator up again only when a connection of the client changes state (its issue
+    5511): after the coordinator's broker was killed, a worker's consumer kept timing out for
+    two minutes (six reads of 20 s, then the worker exited) while a new client found the new
+    coordinator at once."""
+    deadline = time.monotonic() + patience
+    errors = 0
+    use_fresh = False
+    while True:
+        reader = fresh() if use_fresh and fresh is not None else consumer
+        try:
+            found = reader.committed(assigned, timeout=timeout)
+            failed = [tp for tp in found if tp.error is not None]
+            if not failed:
+                return list(found)
             raise clients.KafkaException(failed[0].error)
-        return list(found)
-
-    positions: list[Any] = patiently(ask)
-    return positions
+        except clients.KafkaException as exc:
+            error = exc.args[0]
+            if error.fatal():
+                raise
+            if error.code() == clients.KafkaError._TIMED_OUT:
+                if time.monotonic() > deadline:
+                    raise
+                use_fresh = not use_fresh
+            else:
+                errors += 1
+                if errors >= attempts:
+                    raise
+            LOG.warning(
+                "positions of %s not read (%s); asking again%s",
+                sorted({tp.partition for tp in assigned}),
+                exc,
+                " through a new client" if use_fresh and fresh is not None else "",
+            )
+            time.sleep(0.5)
+        finally:
+            if reader is not consumer:
+                reader.close()
 
 
 class TaskManager:
@@ -145,6 +190,9 @@ class TaskManager:
         self.on_taken: Callable[[set[int]], None] = lambda partitions: None
         #: Aborts what a gone previous owner left open (set once connected).
         self.fence: OwnerFence | None = None
+        #: Makes a consumer of the group that never joins it: reads positions when the member's
+        #: own consumer times out (:func:`committed_positions`).
+        self.new_reader: Callable[[], Any] | None = None
         #: The consumer protocol (KIP-848): assignments come and go as changes.
         self.incremental = False
         #: Partitions being revoked (during ``on_revoke``): a reset does not take them again.
@@ -216,7 +264,7 @@ class TaskManager:
         try:
             if self.fence is not None:
                 self.fence.fence(assigned)  # else committed() waits for a dead owner's timeout
-            committed = committed_positions(consumer, assigned)
+            committed = committed_positions(consumer, assigned, fresh=self.new_reader)
             by_partition: dict[int, dict[str, int]] = {}
             for tp in committed:
                 position = tp.offset

@@ -24,15 +24,27 @@ TOPIC = "t.commands.start"
 
 
 class _Answers:
-    """A consumer whose ``committed()`` gives the prepared answers in turn."""
+    """A consumer whose ``committed()`` gives the prepared answers in turn (an exception is
+    raised)."""
 
-    def __init__(self, *answers: list[Any]) -> None:
+    def __init__(self, *answers: list[Any] | BaseException) -> None:
         self.answers = list(answers)
         self.asked = 0
+        self.closed = False
 
     def committed(self, assigned: list[Any], timeout: float) -> list[Any]:
         self.asked += 1
-        return self.answers.pop(0)
+        answer = self.answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _timed_out() -> clients.KafkaException:
+    return clients.KafkaException(clients.KafkaError(clients.KafkaError._TIMED_OUT))
 
 
 def _at(partition: int, offset: int, error: int | None = None) -> Any:
@@ -73,3 +85,35 @@ def test_a_partition_never_committed_is_answered_without_an_error() -> None:
     found = committed_positions(consumer, [_at(0, -1001), _at(1, -1001)])
     assert [(tp.partition, tp.offset) for tp in found] == [(0, -1001), (1, 8)]
     assert consumer.asked == 1
+
+
+def test_a_read_that_times_out_is_asked_again_through_a_new_client() -> None:
+    """Session AB's chaos run: after the group coordinator's broker was killed, a member's
+    consumer timed out for two minutes (librdkafka looks the coordinator up again only when a
+    connection changes state) and the worker exited; a new client finds the new coordinator."""
+    stuck = _Answers(_timed_out(), _timed_out())
+    made: list[_Answers] = []
+
+    def fresh() -> _Answers:
+        made.append(_Answers([_at(0, 120), _at(1, 57)]))
+        return made[-1]
+
+    found = committed_positions(stuck, [_at(0, -1001), _at(1, -1001)], fresh=fresh)
+    assert [(tp.partition, tp.offset) for tp in found] == [(0, 120), (1, 57)]
+    assert (stuck.asked, len(made)) == (1, 1)
+    assert made[0].closed and not stuck.closed
+
+
+def test_reads_that_keep_timing_out_are_given_up_after_the_patience() -> None:
+    stuck = _Answers(*(_timed_out() for _ in range(10)))
+    made: list[_Answers] = []
+
+    def fresh() -> _Answers:
+        made.append(_Answers(_timed_out()))
+        return made[-1]
+
+    with pytest.raises(clients.KafkaException) as raised:
+        committed_positions(stuck, [_at(0, -1001)], fresh=fresh, patience=1.2)
+    assert raised.value.args[0].code() == clients.KafkaError._TIMED_OUT
+    assert stuck.asked >= 2 and len(made) >= 1  # in turns
+    assert all(reader.closed for reader in made)
