@@ -40,6 +40,7 @@ MAX_LIMIT = 1000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Members looked up once: ``RunStatus.PENDING`` is an attribute lookup on the enum's class.
 _PENDING = RunStatus.PENDING
+_RUN_RUNNING = RunStatus.RUNNING
 _RUNNING = StepStatus.RUNNING
 _COMPLETED = StepStatus.COMPLETED
 
@@ -170,10 +171,11 @@ def _more(first: str, others: int) -> str:
 def waiting_for(state: RunState) -> str | None:
     """What moves the run on, in one line (see ``RunRow.waiting_for``)."""
     status = state.status
-    if status in TERMINAL_STATUSES:
-        return None
-    if status is _PENDING:
-        return "start"
+    if status is not _RUN_RUNNING:  # (most appends are to a running run)
+        if status in TERMINAL_STATUSES:
+            return None
+        if status is _PENDING:
+            return "start"
     failure = state.task_failure
     if failure is not None:
         if failure.retry_at is None:
@@ -190,7 +192,8 @@ def waiting_for(state: RunState) -> str | None:
                     first = step_id
         if first is not None:
             step = steps[first]
-            return _more(f"step {step.step_id} (attempt {step.attempt})", running - 1)
+            found = f"step {step.step_id} (attempt {step.attempt})"
+            return found if running == 1 else f"{found} (+{running - 1} more)"
     if not (
         state.open_waits
         or state.delayed_steps
@@ -230,9 +233,15 @@ def last_error(state: RunState) -> str | None:
     failure = state.task_failure
     if failure is not None:
         return f"{failure.error_type}: {failure.message}".rstrip(": ")
+    steps = state.steps
+    for step in steps.values():  # most runs: no step has an error
+        if step.error:
+            break
+    else:
+        return None
     first: str | None = None
     error = None
-    for step_id, step in state.steps.items():
+    for step_id, step in steps.items():
         if step.error and step.status is not _COMPLETED and (first is None or step_id < first):
             first, error = step_id, step.error
     return error

@@ -108,9 +108,11 @@ _NEWEST = (1 << 64) - 1
 #: A change to one key: the new value, or ``None`` to delete it.
 Change = tuple[bytes, bytes | None]
 #: What the table wrote for a run, which its next change starts from: the run's public status,
-#: its update time in microseconds, its open suspensions, its ``vw`` key and its creation time
-#: in microseconds (a plain tuple: one is made on every append).
-Held = tuple[RunStatus, int, tuple[OpenItem, ...], bytes, int]
+#: its update time in microseconds, its open suspensions, its ``vw`` key, its creation time in
+#: microseconds, that key's prefix (workflow and status), the run id's bytes, its ``r`` key,
+#: its workflow and its runtime build (a plain tuple, made on every append: the next append
+#: reuses the keys, and the fields the row repeats, instead of working them out again).
+Held = tuple[RunStatus, int, tuple[OpenItem, ...], bytes, int, bytes, bytes, bytes, str, str | None]
 
 
 class KeyValues(Protocol):
@@ -181,30 +183,6 @@ def _workflow_prefix(workflow: str, status: str) -> bytes:
     return _BY_WORKFLOW + len(name).to_bytes(2, "big") + name + str(status).encode() + b"\0"
 
 
-def _row_value(
-    state: RunState, workflow: str, status: RunStatus, created: int, updated: int
-) -> bytes:
-    """The run's row as stored: the values of ``row_fields`` after the run id, its times in
-    microseconds, made straight into the array that is written (``row_fields`` is the one
-    definition of a row; the tests check that the two agree for every run they index)."""
-    parent = state.parent
-    outcome = state.outcome
-    return orjson.dumps(
-        [
-            workflow,
-            status,
-            state.spec.runtime_build_id,
-            created,
-            updated,
-            waiting_for(state),
-            last_error(state),
-            None if parent is None else parent.run_id,
-            None if outcome is None else outcome.successor_run_id,
-            state.last_sequence,
-        ]
-    )
-
-
 def _row_of(run_id: str, raw: bytes) -> RunRow:
     values = dict(zip(_ROW_FIELDS, orjson.loads(raw), strict=True))
     values["created_at"] = _EPOCH + timedelta(microseconds=values["created_at"])
@@ -261,8 +239,22 @@ def _held_of(state: RunState) -> Held:
     status = state.public_status()
     created = micros(state.created_at)
     updated = created if state.updated_at is None else micros(state.updated_at)
-    key = _workflow_prefix(state.spec.name, status) + (_NEWEST - updated).to_bytes(8, "big")
-    return (status, updated, open_items(state), key + state.run_id.encode(), created)
+    spec = state.spec
+    prefix = _workflow_prefix(spec.name, status)
+    run_key = state.run_id.encode()
+    key = prefix + (_NEWEST - updated).to_bytes(8, "big") + run_key
+    return (
+        status,
+        updated,
+        open_items(state),
+        key,
+        created,
+        prefix,
+        run_key,
+        _ROW + run_key,
+        spec.name,
+        spec.runtime_build_id,
+    )
 
 
 # -- the table ----------------------------------------------------------------------------------
@@ -340,47 +332,104 @@ class RunTable:
         return found
 
     def _changes(self, before: Held | None, state: RunState) -> list[Change]:
-        status = state.public_status()
+        # Every append comes here. The common one (a run the table holds, nothing open, its
+        # status kept) reuses what the table holds and works out the update time and the row.
+        if (
+            state.open_waits
+            or state.delayed_steps
+            or state.active_hooks
+            or state.waiting_signal_waits
+            or state.open_children
+        ):
+            status = state.public_status()
+            items = open_items(state)
+        else:  # most appends: nothing is open, so the public status is the run's
+            status = state.status
+            items = ()
         moment = state.updated_at
-        created = micros(state.created_at) if before is None else before[4]
-        updated = created if moment is None or moment is state.created_at else micros(moment)
-        items = open_items(state)
-        run_id = state.run_id
-        run_key = run_id.encode()
-        workflow = state.spec.name
+        found: list[Change]
         if before is None:
-            key = _workflow_prefix(workflow, status) + (_NEWEST - updated).to_bytes(8, "big")
-            key += run_key
-            found: list[Change] = [(key, b"")]
+            run_key = state.run_id.encode()
+            row_key = _ROW + run_key
+            spec = state.spec
+            workflow = spec.name
+            build = spec.runtime_build_id
+            created = micros(state.created_at)
+            updated = created if moment is None or moment is state.created_at else micros(moment)
+            prefix = _workflow_prefix(workflow, status)
+            key = prefix + (_NEWEST - updated).to_bytes(8, "big") + run_key
+            found = [(key, b"")]
             if workflow not in self._workflows:
                 self._workflows.add(workflow)
                 found.append((_WORKFLOW + workflow.encode(), b""))
         else:
-            key = before[3]
-            if before[1] != updated or before[0] is not status:
-                found = [(key, None)]  # the key moves: its update time or its status changed
-                key = _workflow_prefix(workflow, status) + (_NEWEST - updated).to_bytes(8, "big")
-                key += run_key
-                found.append((key, b""))
+            was, was_updated, was_items, key, created, prefix, run_key, row_key, workflow, build = (
+                before
+            )
+            if moment is None or moment is state.created_at:
+                updated = created
+            else:  # ``micros``, inline
+                since = moment - _EPOCH
+                updated = (since.days * 86_400 + since.seconds) * 1_000_000 + since.microseconds
+            if status is not was:  # the key moves to the new status (and update time)
+                prefix = _workflow_prefix(workflow, status)
+                moved = key
+                key = prefix + (_NEWEST - updated).to_bytes(8, "big") + run_key
+                found = [(moved, None), (key, b"")]
+            elif was_updated != updated:  # the key moves to the new update time
+                moved = key
+                key = prefix + (_NEWEST - updated).to_bytes(8, "big") + run_key
+                found = [(moved, None), (key, b"")]
             else:
                 found = []
-        row = _row_value(state, workflow, status, created, updated)
-        found.append((_ROW + run_key, state.last_sequence.to_bytes(8, "big") + row))
+        # The row, as stored: the values of ``row_fields`` after the run id, its times in
+        # microseconds, made straight into the array that is written (``row_fields`` is the
+        # one definition of a row; the tests check that the two agree for every run indexed).
+        parent = state.parent
+        outcome = state.outcome
+        sequence = state.last_sequence
+        row = orjson.dumps(
+            [
+                workflow,
+                status,
+                build,
+                created,
+                updated,
+                waiting_for(state),
+                last_error(state),
+                None if parent is None else parent.run_id,
+                None if outcome is None else outcome.successor_run_id,
+                sequence,
+            ]
+        )
+        found.append((row_key, sequence.to_bytes(8, "big") + row))
         if before is None:
             if items:  # a new run has no key of open suspensions to delete
                 found.append((_OPEN + run_key, _items_value(items)))
             self._count(status, items, 1)
-        elif before[2] != items:
+        elif was_items != items:
             found.append((_OPEN + run_key, _items_value(items) if items else None))
-            self._count(before[0], before[2], -1)
+            self._count(was, was_items, -1)
             self._count(status, items, 1)
-        elif before[0] is not status:
+        elif status is not was:
             counters = self._counters
-            counters[before[0]] -= 1  # a status counts under its value, which it equals
+            counters[was] -= 1  # a status counts under its value, which it equals
             counters[status] += 1
             self._moved = True
         held = self._held
-        held[run_id] = (status, updated, items, key, created)
+        run_id = state.run_id
+        held[run_id] = (
+            status,
+            updated,
+            items,
+            key,
+            created,
+            prefix,
+            run_key,
+            row_key,
+            workflow,
+            build,
+        )
         held.move_to_end(run_id)
         return found
 

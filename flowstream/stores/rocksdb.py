@@ -187,8 +187,9 @@ def put_append(
 ) -> None:
     """Add one append (events, last sequence, wakeup and hook index changes) to ``batch``."""
     run_key = run_id.encode()
+    events = b"e" + run_key + b"\0"
     for envelope, data in zip(envelopes, encoded, strict=True):
-        batch.put(b"e" + run_key + b"\0" + envelope.sequence.to_bytes(8, "big"), data)
+        batch.put(events + envelope.sequence.to_bytes(8, "big"), data)
     if not changes.run_index:  # else the run index writes the key, with the run's row after it
         batch.put(b"r" + run_key, envelopes[-1].sequence.to_bytes(8, "big"))
     for wakeup in changes.removed_wakeups:
@@ -202,7 +203,11 @@ def put_append(
             batch.put(b"o" + run_key, b"")
         else:
             batch.delete(b"o" + run_key)
-    write_changes(batch, changes.run_index)
+    for key, value in changes.run_index:  # ``write_changes``, inline: every append has some
+        if value is None:
+            batch.delete(key)
+        else:
+            batch.put(key, value)
 
 
 class _Unknown:
@@ -257,6 +262,9 @@ class RocksDBEventStore(EventStore):
     #: Whether this store keeps the run index (the processor's partition stores do not: the
     #: run index of a Kafka deployment follows the events topic).
     keeps_run_index = True
+    #: With group commit the run index's changes wait for the group's write (``RunTable.stage``);
+    #: an attribute, not the base class's property: every append asks.
+    _groups_index = True
 
     def __init__(
         self,
@@ -287,6 +295,10 @@ class RocksDBEventStore(EventStore):
             raise ValueError('sync must be "group" or "always"')
         self._write_options = WriteOptions()
         self._write_options.sync = sync in ("always", True)
+        #: Whether every append's write is fsynced (else group commit), read on every append:
+        #: a plain attribute, not RocksDB's option read back through rocksdict.
+        self._sync_each = sync in ("always", True)
+        self._groups_index = not self._sync_each
         self._written = 0
         self._synced = 0
         self._pending: WriteBatch | None = None
@@ -466,7 +478,7 @@ class RocksDBEventStore(EventStore):
         encoded: list[bytes],
         changes: IndexChanges,
     ) -> None:
-        if self._write_options.sync:
+        if self._sync_each:
             batch = WriteBatch(raw_mode=True)
             put_append(batch, run_id, envelopes, encoded, changes)
             self._db.write(batch, self._write_options)
@@ -480,12 +492,8 @@ class RocksDBEventStore(EventStore):
         if changes.added_wakeups or changes.removed_wakeups:
             self._forget_earliest()
         self._written += 1
-        if self._write_options.sync:
+        if self._sync_each:
             self._synced = self._written
-
-    @property
-    def _groups_index(self) -> bool:
-        return not self._write_options.sync
 
     def _stage_put(self, key: bytes, value: bytes) -> None:
         """Add one key to the next group-commit write (written with the appends staged with it)."""
