@@ -159,8 +159,16 @@ def event_offsets(bootstrap: str, prefix: str, partitions: int) -> dict[str, lis
     return offsets
 
 
+def record_offsets(bootstrap: str, prefix: str, partitions: int) -> set[tuple[int, int]]:
+    """(partition, offset) of every committed record of the events topic, of any kind: an offset
+    between two of them that is not here holds a transaction marker (or an aborted record)."""
+    every: set[tuple[int, int]] = set()
+    _event_records(bootstrap, prefix, partitions, every)
+    return every
+
+
 def _event_records(
-    bootstrap: str, prefix: str, partitions: int
+    bootstrap: str, prefix: str, partitions: int, every: set[tuple[int, int]] | None = None
 ) -> list[tuple[EventEnvelope, str, tuple[int, int]]]:
     from flowstream.kafka import clients
 
@@ -186,6 +194,8 @@ def _event_records(
                 at_end = message.offset() >= ends[partition] or ends[partition] == 0
                 if error.code() == clients.KafkaError._PARTITION_EOF and at_end:
                     eof.add(partition)
+        if every is not None:
+            every.update((m.partition(), m.offset()) for m in messages if m.error() is None)
         for message, envelope in wire.event_records(messages, on_bad=_no_bad_record):
             at = (message.partition(), message.offset())
             found.append((envelope, wire.writer_of(message), at))
