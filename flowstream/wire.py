@@ -22,6 +22,11 @@ record without it is an event):
   the commands), what became of a command a client sent (below).
 - ``anchor`` (no key, empty value): written by a processor's transaction only to register the
   partition with it early (where the steps it starts will report); no reader takes it.
+- ``positions`` (no key): ``writer NUL`` and, one per command topic, ``topic=offset`` lines: how
+  far the partition's commands are applied, written by each transaction that moved them (the
+  transaction that holds those commands' effects). A processor's restore takes the last one;
+  the group's committed offsets follow them outside the transactions, later (for lag and for
+  finding the partition's last writer).
 
 Readers of histories (restore, ``FlowClient``, ``flowstream audit``) take ``event`` records only and
 classify every record with :func:`kind_of`; a kind this release does not know is skipped, never
@@ -63,6 +68,7 @@ __all__ = [
     "ANCHOR_HEADERS",
     "EVENT_HEADERS",
     "OUTCOME_HEADERS",
+    "POSITIONS_HEADERS",
     "REASON_HEADER",
     "RECORD_HEADER",
     "WRITER_HEADER",
@@ -80,8 +86,10 @@ __all__ = [
     "log_bad_record",
     "outcome_value",
     "outcomes_of",
+    "positions_value",
     "split_hook_token",
     "split_inbox",
+    "split_positions",
     "writer_of",
 ]
 
@@ -107,6 +115,7 @@ class RecordKind(StrEnum):
     HOOK_WAITER = "hook-waiter"
     OUTCOME = "outcome"
     ANCHOR = "anchor"
+    POSITIONS = "positions"
 
 
 #: Record headers as a producer takes them (confluent-kafka's ``produce(headers=...)``).
@@ -255,6 +264,28 @@ def split_hook_token(value: bytes) -> tuple[str, str, str]:
 
 #: Headers of an ``anchor`` record.
 ANCHOR_HEADERS: Headers = [(RECORD_HEADER, RecordKind.ANCHOR.value.encode())]
+
+
+#: Headers of a ``positions`` record.
+POSITIONS_HEADERS: Headers = [(RECORD_HEADER, RecordKind.POSITIONS.value.encode())]
+
+
+def positions_value(writer: str, positions: dict[str, int]) -> bytes:
+    """The value of a ``positions`` record: its writer, a NUL, then ``topic=offset`` lines
+    (text first, as every kind but ``event``)."""
+    lines = "\n".join(f"{topic}={offset}" for topic, offset in sorted(positions.items()))
+    return f"{writer}\0{lines}".encode()
+
+
+def split_positions(value: bytes) -> tuple[str, dict[str, int]]:
+    """``(writer, {topic: offset})`` of a ``positions`` value; ``ValueError`` for another
+    shape."""
+    writer, lines = value.decode().split("\0", 1)
+    positions: dict[str, int] = {}
+    for line in lines.split("\n") if lines else ():
+        topic, offset = line.rsplit("=", 1)
+        positions[topic] = int(offset)
+    return writer, positions
 
 
 #: Headers of an ``outcome`` record.

@@ -32,7 +32,6 @@ def test_the_test_process_runs_the_real_processor() -> None:
     constant), this failed: ``_commit_blocking`` was the app's, aborting every seventh commit."""
     patched = {
         "TransactionPipeline._commit_blocking": TransactionPipeline._commit_blocking,
-        "TransactionPipeline.send_offsets": TransactionPipeline.send_offsets,
         "PartitionHost.new_producer": PartitionHost.new_producer,
         "StateRestorer.restore_slice": StateRestorer.restore_slice,
     }

@@ -1,22 +1,23 @@
 """``OwnerFence``: on taking partitions, abort what their previous writer left open.
 
 A member that dies with a transaction open holds back the partitions that transaction touched:
-its records hold each events partition's last stable offset, and the consumer positions it
-sent are a pending offset commit, so the next owner's ``committed()`` (a ``read_committed``
-consumer asks for stable offsets) waits. Left alone, the coordinator aborts the transaction
-once it is ``transaction.timeout.ms`` old, and failover takes at least that long.
+its records hold each events partition's last stable offset, which the next owner's restore
+waits for. Left alone, the coordinator aborts the transaction once it is
+``transaction.timeout.ms`` old, and failover takes at least that long. And a member that lost
+its partitions without knowing (paused, cut off) could still commit into them.
 
-So every position a transaction commits names its writer (``<instance>/<token>``, the
-``metadata`` of the offset), and the writer's two producers have transactional ids made from it
-(``txn.slot.transactional_ids``). A member gets a new writer, so new producers, each time it
-loses its partitions (revoked or lost: ``TransactionPipeline.retire``). On an assignment the new
-owner reads the last committed positions without waiting for stable ones (a
-``read_uncommitted`` client of the group, which never joins it), and initialises the
-transactional ids of every writer it finds that is not its own: the coordinator aborts what
-they had open and fences those producers. A dead or paused member's transaction ends at once;
-a live member that gave the partitions up in a rebalance committed first and writes under a new
-writer since, so fencing its old ids costs it nothing. If the lookup fails, the coordinator's
-timeout still ends the transaction, later.
+So every position a member commits to the group names its writer (``<instance>/<token>``, the
+``metadata`` of the offset): its claim of the partitions before its first transaction
+(``TaskManager.claim``) and the positions that follow its commits. The writer's two producers
+have transactional ids made from it (``txn.slot.transactional_ids``). A member gets a new
+writer, so new producers, each time it loses its partitions (revoked or lost:
+``TransactionPipeline.retire``). On an assignment the new owner reads the last committed
+positions without waiting for stable ones (a ``read_uncommitted`` client of the group, which
+never joins it), and initialises the transactional ids of every writer it finds that is not its
+own: the coordinator aborts what they had open and fences those producers. A dead or paused
+member's transaction ends at once; a live member that gave the partitions up in a rebalance
+committed first and writes under a new writer since, so fencing its old ids costs it nothing. If
+the lookup fails, the coordinator's timeout still ends the transaction, later.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """One daemon thread that runs the processor's blocking transactional calls in order.
 
 ``ThreadPoolExecutor`` would do, but for one case: a librdkafka call that never returns. Some do
-not honour their timeout (``send_offsets_to_transaction`` while the group coordinator's broker is
-gone: librdkafka issues 5456 and 5511). The processor then gives the lane up with its producer,
-and a daemon thread left blocked does not hold up the process's exit, where an executor's thread
-would be joined forever.
+not honour their timeout (``send_offsets_to_transaction``, which the processor no longer calls,
+did so while the group coordinator's broker was gone: librdkafka issues 5456 and 5511). The
+processor then gives the lane up with its producer, and a daemon thread left blocked does not
+hold up the process's exit, where an executor's thread would be joined forever.
 """
 
 from __future__ import annotations

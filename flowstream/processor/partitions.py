@@ -4,6 +4,7 @@ sealing and writing their staged state, rewinding them), and how a partition tas
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,10 @@ from flowstream.topology import EVENTS
 if TYPE_CHECKING:
     from flowstream.processor.worker import Processor
 
-__all__ = ["PartitionHost"]
+__all__ = ["GROUP_COMMIT_S", "PartitionHost"]
+
+#: The group's offsets follow the positions the transactions record at most this often.
+GROUP_COMMIT_S = 1.0
 
 
 class PartitionHost:
@@ -30,6 +34,7 @@ class PartitionHost:
 
     def __init__(self, processor: Processor) -> None:
         self.p = processor
+        self._group_committed = 0.0
 
     # -- building ------------------------------------------------------------------------------
 
@@ -112,9 +117,6 @@ class PartitionHost:
     def positions(self) -> list[Any]:
         return self.p.tasks.positions()
 
-    def group_metadata(self) -> Any:
-        return self.p.consumer.consumer_group_metadata()
-
     def seal(self) -> list[PartitionTask]:
         active = self.p.tasks.active()
         for task in active:
@@ -143,12 +145,16 @@ class PartitionHost:
         for task in sealed:
             if self.p.tasks.get(task.partition) is not task:
                 continue
-            task.store.commit_sealed(events_end.get(task.partition))
+            task.store.commit_sealed(events_end.get(task.partition), task.sealed_positions)
             task.committed = task.sealed_positions
             starts = start_steps and task.partition not in leaving
             for item in task.sealed_outbox if starts else ():
                 self.p.steps.start(task, item)
             task.sealed_outbox = []
+        now = time.monotonic()
+        if now - self._group_committed >= GROUP_COMMIT_S:
+            self._group_committed = now
+            self.p.tasks.commit_positions(self.p.tasks.active())
 
     def aborted(self, failed: list[tuple[str, bytes | None]]) -> None:
         """Rewind every partition to its last commit. The commands among the runs the abort

@@ -145,7 +145,7 @@ class StateRestorer:
             moved = max(task.events_end or 0, tp.offset) > (task.events_end or 0)
             task.events_end = max(task.events_end or 0, tp.offset)
             if task.store.has_staged or task.events_end != task.store.events_offset:
-                task.store.commit_local(task.events_end)
+                task.store.commit_local(task.events_end, task.recorded)
             if moved or messages:
                 task.last_progress = time.monotonic()
             self._check_stall(task)
@@ -184,6 +184,7 @@ class StateRestorer:
             task.store.set_meta("topic_id", self.topic_id.encode())
         task.restore_target = high
         task.events_end = stored
+        task.recorded = task.store.positions
         task.last_progress = time.monotonic()
         LOG.info("partition %d: restoring events %d..%d", task.partition, stored, high)
 
@@ -234,6 +235,8 @@ class StateRestorer:
                 task.store.unpark(run_id, inbox_id)
             elif kind in hooktokens.RECORD_KINDS:
                 hooktokens.restore_record(task.store, kind, value)
+            elif kind is wire.RecordKind.POSITIONS:
+                task.recorded.update(wire.split_positions(value)[1])
         except Exception as exc:
             self._quarantine(task, message, exc)
 
@@ -266,7 +269,8 @@ class StateRestorer:
         if not done:
             return
         if task.store.has_staged:
-            task.store.commit_local(task.store.events_offset)
+            task.store.commit_local(task.store.events_offset, task.recorded)
+        self._follow_recorded(task)
         self.tasks.activate(task)
         took = time.monotonic() - task.restore_began
         self.ctx.metrics.restore_seconds.observe(took)
@@ -284,6 +288,23 @@ class StateRestorer:
         task.to_retry = deque(task.store.parked(None)) if task.store.has_parked() else deque()
         if not self.ready.is_set() and not self.tasks.restoring():
             self.ready.set()
+
+    def _follow_recorded(self, task: PartitionTask) -> None:
+        """Move the command partitions on to the positions the transactions recorded where the
+        group's offsets, committed later and outside them, lag behind (a member that died
+        between its commit and the group's): those commands are applied already."""
+        consumer = self.tasks.consumer
+        for topic, position in task.recorded.items():
+            if topic in task.positions and position > task.positions[topic]:
+                LOG.info(
+                    "partition %d: %s applied up to %d (the group's offset: %d)",
+                    task.partition,
+                    topic,
+                    position,
+                    task.positions[topic],
+                )
+                task.positions[topic] = task.committed[topic] = position
+                consumer.seek(clients.TopicPartition(topic, task.partition, position))
 
 
 class Targets:

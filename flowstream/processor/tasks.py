@@ -64,6 +64,9 @@ class PartitionTask:
     # What the transaction being committed holds: its steps and consumer positions.
     sealed_outbox: list[StepItem] = field(default_factory=list)
     sealed_positions: dict[str, int] = field(default_factory=dict)
+    # The command positions the events partition recorded (its ``positions`` records, read by
+    # the restore): where the partition's commands are applied up to.
+    recorded: dict[str, int] = field(default_factory=dict)
     # Runs still to drive after the restore or an abort, a budget of them per iteration.
     to_drive: deque[str] = field(default_factory=deque)
     # Parked commands still to retry after the restore, a budget per iteration.
@@ -289,6 +292,7 @@ class TaskManager:
                 for partition, positions in by_partition.items()
                 for topic, position in positions.items()
             ]
+            self.claim(at)
             if seek:
                 for tp in at:
                     consumer.seek(tp)
@@ -307,6 +311,51 @@ class TaskManager:
             task.committed = dict(positions)
             task.restore_began = task.last_progress = time.monotonic()
             self.own(task)
+
+    def claim(self, at: list[Any]) -> None:
+        """Commit positions ``at`` to the group under this member's writer id before any of its
+        transactions writes their partitions. The next owner fences the writer it finds there
+        (``OwnerFence``), so an owner that loses the partitions without knowing (paused, cut
+        off) can commit nothing after the next owner read them. The group checks the member's
+        generation: a member that is no longer in it cannot claim. Asked again while the
+        coordinator does not answer (it may be moving)."""
+        writer = self.ctx.writer
+        named = [
+            clients.TopicPartition(tp.topic, tp.partition, tp.offset, metadata=writer) for tp in at
+        ]
+        deadline = time.monotonic() + POSITIONS_PATIENCE_S
+        while True:
+            try:
+                self.consumer.commit(offsets=named, asynchronous=False)
+                return
+            except clients.KafkaException as exc:
+                if exc.args[0].fatal() or time.monotonic() > deadline:
+                    raise
+                LOG.warning(
+                    "the claim of %s was not committed (%s); asking again",
+                    sorted({tp.partition for tp in at}),
+                    exc,
+                )
+                time.sleep(0.5)
+
+    def commit_positions(self, tasks: list[PartitionTask], *, asynchronous: bool = True) -> None:
+        """Commit ``tasks``' committed positions to the group under this member's writer id:
+        they follow what the transactions recorded (for the group's lag, and for the next
+        owner to start from without reading the events partition). Never raises: the
+        transactions hold the positions."""
+        writer = self.ctx.writer
+        offsets = [
+            clients.TopicPartition(topic, task.partition, position, metadata=writer)
+            for task in tasks
+            for topic, position in task.committed.items()
+            if position >= 0
+        ]
+        if not offsets:
+            return
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=asynchronous)
+        except clients.KafkaException as exc:
+            LOG.info("the group's offsets were not committed (%s)", exc)
 
     def open(self, partition: int, positions: dict[str, int]) -> PartitionTask:
         """A task for ``partition`` on its store (a store this process just closed, in a reset

@@ -16,9 +16,11 @@ It builds the clients and the parts, runs the loop and shuts down. One iteration
 8. seal the open transaction when nothing more is about to join it (``TransactionPipeline``).
 
 Owning partition *p* means every command topic's partition *p* is assigned to this member.
-Partitions are restored before any decision, and every transaction carries consumer positions
-with the group metadata, so a member that lost a partition can never make an event for it
-visible. Every call into user code goes through one ``FailureBoundary``.
+Partitions are restored before any decision, and every transaction records the command positions
+it moved in the events partitions, with the effects; a member claims its partitions under its
+writer id before it writes, and the next owner fences that writer, so a member that lost a
+partition can never make an event for it visible after the next owner read it. Every call into
+user code goes through one ``FailureBoundary``.
 """
 
 from __future__ import annotations
@@ -198,7 +200,6 @@ class Processor:
         await self.steps.chain(deadline=until)
         self.timers.fire()
         await self.commands.inbox.expire(self.tasks.active())
-        pipeline.refence()
         pipeline.begin_spare()
         if pipeline.decided and pipeline.sealed is None and self._should_commit():
             pipeline.seal()
@@ -279,7 +280,6 @@ class Processor:
     # -- rebalance (callbacks run inside the consumer's poll) -----------------------------------
 
     def on_assign(self, consumer: Any, assigned: list[Any]) -> None:
-        self.pipeline.forget_metadata()
         if not self.tasks.incremental:
             self.forget_backlog()  # an eager assignment follows the revocation of all
         try:
@@ -296,8 +296,9 @@ class Processor:
 
     def on_revoke(self, consumer: Any, revoked: list[Any]) -> None:
         """Commit, then give the partitions up. With the consumer protocol only some may go:
-        the others keep their backlog, and a commit that fails takes them again."""
-        self.pipeline.forget_metadata()
+        the others keep their backlog, and a commit that fails takes them again. The group's
+        offsets of the partitions that go are committed last (the transactions recorded them
+        already): the next owner reads them at once, without the events partition's."""
         gone = {tp.partition for tp in revoked}
         incremental = self.tasks.incremental
         self.forget_backlog(gone if incremental else None)
@@ -313,11 +314,12 @@ class Processor:
             self._fatal = exc
         finally:
             self.tasks.leaving = set()
+        leaving = [t for t in self.tasks.owned.values() if t.partition in gone and not t.restoring]
+        self.tasks.commit_positions(leaving, asynchronous=False)
         self.tasks.drop(gone)
         self._retire()
 
     def on_lost(self, consumer: Any, lost: list[Any]) -> None:
-        self.pipeline.forget_metadata()
         self.forget_backlog()
         gone = {tp.partition for tp in lost}
         LOG.warning(

@@ -33,7 +33,7 @@ from flowstream.topology import (
     EVENTS,
     Topology,
 )
-from flowstream.wire import RecordKind
+from flowstream.wire import RecordKind, kind_of, split_positions
 
 __all__ = [
     "COPIED",
@@ -69,6 +69,41 @@ _LEADER_PASSING = frozenset(
 
 class MoveError(FlowError):
     """A move cannot begin or go on; the message says why and what to do."""
+
+
+def recorded_positions(
+    bootstrap: str, topic: str, partitions: int, *, window: int = 2000
+) -> dict[tuple[str, int], int]:
+    """The command positions of the last ``positions`` record of each partition of events
+    topic ``topic``, by (command topic, partition): read backwards from the end, ``window``
+    records at a time, until one is found."""
+    ends = offsets(bootstrap, [(topic, p) for p in range(partitions)], latest=True)
+    starts = offsets(bootstrap, [(topic, p) for p in range(partitions)], latest=False)
+    consumer = clients.new_consumer(bootstrap, f"{topic}-positions-reader")
+    found: dict[tuple[str, int], int] = {}
+    try:
+        for partition in range(partitions):
+            end, low = ends[(topic, partition)], starts[(topic, partition)]
+            last: dict[str, int] | None = None
+            while last is None and end > low:
+                start = max(low, end - window)
+                consumer.assign([clients.TopicPartition(topic, partition, start)])
+                deadline = time.monotonic() + _REQUEST_S
+                while time.monotonic() < deadline:
+                    for message in consumer.consume(500, 0.5):
+                        if message.error() is not None or (message.offset() or 0) >= end:
+                            continue
+                        if kind_of(message) is RecordKind.POSITIONS:
+                            last = split_positions(message.value() or b"")[1]
+                    at = consumer.position([clients.TopicPartition(topic, partition)])[0]
+                    if at.offset >= end:
+                        break
+                end = start
+            for command_topic, position in (last or {}).items():
+                found[(command_topic, partition)] = position
+    finally:
+        consumer.close()
+    return found
 
 
 def offsets(
@@ -388,8 +423,10 @@ class MovePlan:
         )
 
     def _fresh(self) -> list[Source]:
-        """The starting positions of a new move: the start of the copied topics, the old
-        group's positions on the command topics (what it had not applied yet)."""
+        """The starting positions of a new move: the start of the copied topics, and on the
+        command topics what the old processors had not applied yet: the later of the group's
+        positions and those the old events partitions recorded last (the group's follow them
+        outside the transactions, and lag when a processor died)."""
         reader = clients.new_consumer(self.bootstrap, self.group)
         try:
             applied = {
@@ -398,6 +435,10 @@ class MovePlan:
             }
         finally:
             reader.close()
+        recorded = recorded_positions(self.bootstrap, self.old(EVENTS), self.source_partitions)
+        for at, position in recorded.items():
+            if at in applied:
+                applied[at] = max(applied[at], position)
         tps = self.tps((*COPIED, *FORWARDED))
         lows = offsets(self.bootstrap, [(tp.topic, tp.partition) for tp in tps], latest=False)
         sources = []

@@ -42,11 +42,15 @@ _CALL_S = 30.0
 _MAX_RECORD_BYTES = 8 * 1024 * 1024
 
 
+_NOT_CARRIED = (wire.RecordKind.ANCHOR, wire.RecordKind.POSITIONS)
+
+
 def route(message: Any, partitions: int) -> int | None:
     """The new partition of a consumed record, ``None`` for one that is not carried over."""
     key = message.key()
     if not key:
-        if not message.value() or wire.kind_of(message) is wire.RecordKind.ANCHOR:
+        # Anchors, and positions of the old command partitions, mean nothing in the new topics.
+        if not message.value() or wire.kind_of(message) in _NOT_CARRIED:
             return None
         return int(message.partition()) % partitions
     try:

@@ -9,6 +9,8 @@ throws the staged batch and every cached run it touched away (``discard``).
 Extra keys beside the ``RocksDBEventStore`` layout:
 
 ``m/events_offset``               next events-topic offset to restore from (8 BE)
+``m/positions``                   the command positions recorded up to it (a ``positions``
+                                   record's value, ``wire.positions_value``)
 ``x<run_id>``                      the run has a step started but not settled
 ``i<run_id>\\0<inbox id>``         a command parked until its run exists or its build is served
 ``c``, ``n``, ``t<token digest>…``   hook-token claims of this partition's keyspace (``tokens``)
@@ -38,7 +40,7 @@ from typing import TypeVar
 
 from rocksdict import WriteBatch
 
-from flowstream import codec
+from flowstream import codec, wire
 from flowstream.errors import FlowError, InvalidTransitionError, PayloadTooLargeError
 from flowstream.model.events import EventEnvelope, HookCreated
 from flowstream.replay.decide import is_suspended
@@ -57,6 +59,7 @@ from flowstream.stores.tokens import Owner, TokenIndex
 __all__ = ["PartitionStore"]
 
 _OFFSET_KEY = b"m/events_offset"
+_POSITIONS_KEY = b"m/positions"
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -154,6 +157,8 @@ class PartitionStore(
         self._sealed_runs: set[str] = set()
         self._sealed_wakeups = False
         self._sealed_overlays: _Overlays = ({}, {}, {})
+        #: The command positions last written (``m/positions``), to write them only as they move.
+        self._positions_written: dict[str, int] | None = None
         # How many commands wait in the inbox, so the common case (none) costs no scan.
         self._parked_count = sum(1 for _ in self._scan(b"i"))
         # Runs restored without a projection (the recent ones: the others are read back from
@@ -259,14 +264,17 @@ class PartitionStore(
             dict(self._staged_tokens),
         )
 
-    def commit_sealed(self, events_offset: int | None) -> None:
-        """After the sealed transaction committed: write its batch with the events offset."""
+    def commit_sealed(
+        self, events_offset: int | None, positions: dict[str, int] | None = None
+    ) -> None:
+        """After the sealed transaction committed: write its batch with the events offset and
+        the command positions it recorded."""
         if self._sealed is None and events_offset is None and not self._sealed_runs:
             return  # the transaction wrote nothing of this partition: nothing to write
         batch = self._sealed if self._sealed is not None else WriteBatch(raw_mode=True)
         self._sealed = None
         self._statuses.commit_sealed(batch)
-        self._write(batch, events_offset, wakeups_changed=self._sealed_wakeups)
+        self._write(batch, events_offset, positions, wakeups_changed=self._sealed_wakeups)
         hooks, inbox, tokens = self._sealed_overlays
         _drop_sealed(self._staged_hooks, hooks)
         _drop_sealed(self._staged_inbox, inbox)
@@ -276,8 +284,11 @@ class PartitionStore(
         self._sealed_wakeups = False
         self._sealed_overlays = ({}, {}, {})
 
-    def commit_local(self, events_offset: int | None) -> None:
-        """Write the staged batch with the events offset (restore, and unpipelined commits)."""
+    def commit_local(
+        self, events_offset: int | None, positions: dict[str, int] | None = None
+    ) -> None:
+        """Write the staged batch with the events offset and the command positions recorded up
+        to it (restore, and unpipelined commits)."""
         assert self._sealed is None, "a sealed batch is still waiting for its commit"
         batch = self._stage()
         if self._restaged:
@@ -285,7 +296,7 @@ class PartitionStore(
         self._statuses.commit_staged(batch)
         self._batch = None
         self._open_since = {}
-        self._write(batch, events_offset, wakeups_changed=self._staged_wakeups)
+        self._write(batch, events_offset, positions, wakeups_changed=self._staged_wakeups)
         self._staged_wakeups = False
         _forget_idle(self._states, self._staged_runs, self._clock)
         self._staged_runs.clear()
@@ -294,11 +305,19 @@ class PartitionStore(
         self._staged_tokens.clear()
 
     def _write(
-        self, batch: WriteBatch, events_offset: int | None, *, wakeups_changed: bool
+        self,
+        batch: WriteBatch,
+        events_offset: int | None,
+        positions: dict[str, int] | None = None,
+        *,
+        wakeups_changed: bool,
     ) -> None:
-        """Write a committed batch with the events offset it reflects."""
+        """Write a committed batch with the events offset and positions it reflects."""
         if events_offset is not None:
             batch.put(_OFFSET_KEY, events_offset.to_bytes(8, "big"))
+        if positions and positions != self._positions_written:
+            batch.put(_POSITIONS_KEY, wire.positions_value("", positions))
+            self._positions_written = dict(positions)
         self._db.write(batch, self._write_options)
         if wakeups_changed:
             self._forget_earliest()
@@ -340,6 +359,12 @@ class PartitionStore(
         self._states[run_id] = state
 
     # -- restore ----------------------------------------------------------------------------
+
+    @property
+    def positions(self) -> dict[str, int]:
+        """The command positions recorded up to ``events_offset`` (empty: none known)."""
+        raw = self._db.get(_POSITIONS_KEY)
+        return {} if raw is None else wire.split_positions(bytes(raw))[1]
 
     @property
     def events_offset(self) -> int:

@@ -27,8 +27,6 @@ def _abort_every_third(
     txn: Any,
     fence: Future[None] | None,
     records: list[Any],
-    offsets: list[Any] | None,
-    metadata: Any,
 ) -> None:
     global _calls
     _calls += 1
@@ -39,7 +37,7 @@ def _abort_every_third(
         txn.slot.producer.flush(30)
         txn.precommit.set_exception(Abort(ABORT_REASON))  # as the real call does on its way out
         raise Abort(ABORT_REASON)
-    _real(self, txn, fence, records, offsets, metadata)
+    _real(self, txn, fence, records)
 
 
 TransactionPipeline._commit_blocking = _abort_every_third  # type: ignore[method-assign]

@@ -30,15 +30,13 @@ def _fail_every_seventh(
     txn: Any,
     fence: Future[None] | None,
     records: list[Any],
-    offsets: list[Any] | None,
-    metadata: Any,
 ) -> None:
     global _calls
     _calls += 1
     if _calls % 7 == 0:
         txn.precommit.set_exception(Abort(ABORT_REASON))  # as the real call does on its way out
         raise Abort(ABORT_REASON)
-    _real(self, txn, fence, records, offsets, metadata)
+    _real(self, txn, fence, records)
 
 
 TransactionPipeline._commit_blocking = _fail_every_seventh  # type: ignore[method-assign]

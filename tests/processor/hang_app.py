@@ -1,12 +1,14 @@
-"""The test app, in a worker whose 40th ``send_offsets_to_transaction`` never returns.
+"""The test app, in a worker whose 40th commit never returns.
 
-It stands in for librdkafka's own hang (issues 5456 and 5511: the call ignores its timeout while
-the group coordinator's broker is gone), which a killed broker causes only now and then.
+It stands in for a transactional call of librdkafka that ignores its timeout (its issues 5456
+and 5511: ``send_offsets_to_transaction`` once hung so while the group coordinator's broker was
+gone; the processor no longer makes that call, but any call to a broker can meet a hang).
 """
 
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 from typing import Any
 
 from flowstream.processor.txn.pipeline import TransactionPipeline
@@ -19,15 +21,17 @@ __all__ = ["runtime"]
 
 _calls = 0
 _forever = threading.Event()
-_real = TransactionPipeline.send_offsets
+_real = TransactionPipeline._commit_blocking
 
 
-def _hang_once(producer: Any, offsets: list[Any], metadata: Any) -> None:
+def _hang_once(
+    self: TransactionPipeline, txn: Any, fence: Future[None] | None, records: list[Any]
+) -> None:
     global _calls
     _calls += 1
     if _calls == 40:
         _forever.wait()
-    _real(producer, offsets, metadata)
+    _real(self, txn, fence, records)
 
 
-TransactionPipeline.send_offsets = staticmethod(_hang_once)  # type: ignore[method-assign]
+TransactionPipeline._commit_blocking = _hang_once  # type: ignore[method-assign]

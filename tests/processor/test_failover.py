@@ -267,10 +267,10 @@ def test_a_transaction_the_coordinator_timed_out_costs_a_new_producer(cluster: C
 
 
 def test_a_transactional_call_that_never_returns_costs_a_new_producer(cluster: Cluster) -> None:
-    # librdkafka may never return from send_offsets_to_transaction once the group coordinator's
-    # broker is gone (its issues 5456 and 5511; seen here when a broker was killed). The app
-    # makes the 40th such call block for good; the processor gives up that producer after its
-    # stuck limit (15 s), replaces it, finishes every run exactly once, and still exits cleanly.
+    # librdkafka may never return from a transactional call (its issues 5456 and 5511: seen
+    # when a broker was killed). The app makes the 40th commit block for good; the processor
+    # gives up that producer after its stuck limit (15 s), replaces it, finishes every run
+    # exactly once, and still exits cleanly.
     worker = cluster.start("h1", app="tests.processor.hang_app:runtime")
     load = Load(cluster.client, SPEC, "hang", rate=10, options={"step_sleep_ms": 50})
     cluster.client.wait("hang-0000", timeout=90)

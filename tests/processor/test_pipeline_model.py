@@ -8,8 +8,10 @@ the fake producer checks, as each call happens:
 1. nothing commits after a produce error (a refused record that is not a dead letter);
 2. no record of a later transaction is produced before an earlier one's are written, and the
    earlier one produces nothing after that;
-3. every commit follows positions sent with the group metadata in that transaction;
-4. nothing commits, and no positions are sent, for a partition revoked or lost before.
+3. the positions travel with the effects: once a transaction commits, the ``positions``
+   records committed so far cover every command whose events it commits;
+4. nothing commits, and no positions are recorded, for a partition revoked or lost before;
+5. nothing is sent to the group's coordinator (``send_offsets_to_transaction``).
 
 Every Kafka behaviour (fencing, transactions, rebalances) is proven against the broker in the
 other tests of this package.
@@ -28,6 +30,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from flowstream import wire
 from flowstream.kafka import clients
 from flowstream.processor.txn.pipeline import TransactionPipeline
 from flowstream.processor.txn.slot import ProducerSlot, Record
@@ -72,6 +75,8 @@ class World:
         self.async_error: str | None = None  # topic whose next record fails to be written
         self.gone: set[int] = set()
         self.commits = 0
+        #: The positions committed ``positions`` records hold, by partition.
+        self.recorded: dict[int, int] = {}
 
 
 class FakeProducer:
@@ -85,7 +90,6 @@ class FakeProducer:
         self.pending: list[tuple[str, int, bytes, bool]] = []
         self.refused_events = False
         self.failed_async = False
-        self.offsets_sent: list[Any] = []
         self.overtaken = False
         self.offset = 0
         world.producers.append(self)
@@ -104,13 +108,16 @@ class FakeProducer:
         if self.txn is not None:
             raise clients.KafkaException(clients.KafkaError(clients.KafkaError._STATE, "open"))
         self.txn = next(self.world.begins)
-        self.pending, self.offsets_sent = [], []
+        self.pending = []
+        self.written: list[tuple[str, int, bytes, Any]] = []
         self.refused_events = self.failed_async = self.overtaken = False
 
     def produce(self, topic: str, value: bytes, key: bytes, partition: int, headers: Any) -> None:
         self._fatal()
         if self.txn is None:
             raise Violation("produce outside a transaction")
+        if headers == wire.POSITIONS_HEADERS and partition in self.world.gone:
+            raise Violation(f"positions recorded for partition {partition}, no longer owned")
         if self.overtaken:
             raise Violation(f"transaction {self.txn} produced after a later one did")
         for other in self.world.producers:
@@ -131,6 +138,7 @@ class FakeProducer:
         if fails:
             self.world.async_error = None
         self.pending.append((topic, partition, value, fails))
+        self.written.append((topic, partition, value, headers))
 
     def poll(self, timeout: float) -> int:
         return 0
@@ -149,34 +157,42 @@ class FakeProducer:
     def send_offsets_to_transaction(
         self, offsets: list[Any], metadata: Any, timeout: float
     ) -> None:
-        self._fatal()
-        if metadata is None:
-            raise Violation("positions sent without the group metadata")
-        gone = {tp.partition for tp in offsets} & self.world.gone
-        if gone:
-            raise Violation(f"positions sent for partitions no longer owned: {gone}")
-        self.offsets_sent.extend(offsets)
+        raise Violation("positions sent to the group's coordinator")
 
     def commit_transaction(self, timeout: float) -> None:
         self._fatal()
         self.flush(timeout)
         if self.refused_events:
             raise Violation(f"transaction {self.txn} committed after a produce error")
-        if not self.offsets_sent:
-            raise Violation(f"transaction {self.txn} committed without positions")
-        gone = {tp.partition for tp in self.offsets_sent} & self.world.gone
+        positions = [
+            (p, v) for _, p, v, headers in self.written if headers == wire.POSITIONS_HEADERS
+        ]
+        gone = {p for p, _ in positions} & self.world.gone
         if gone:
             raise Violation(f"transaction {self.txn} committed for partitions given up: {gone}")
         if self.failed_async:
             raise clients.KafkaException(
                 clients.KafkaError(clients.KafkaError._STATE, "abortable", txn_requires_abort=True)
             )
+        recorded = self.world.recorded
+        for partition, value in positions:
+            recorded[partition] = wire.split_positions(value)[1]["cmd"]
+        for topic, partition, value, headers in self.written:
+            if topic == EVENTS and headers is None:  # an event: "<command position>/<n>"
+                applied = int(value.split(b"/")[0])
+                if recorded.get(partition, 0) < applied:
+                    raise Violation(
+                        f"transaction {self.txn} committed the effects of command {applied} of "
+                        f"partition {partition}, recorded as applied up to "
+                        f"{recorded.get(partition, 0)}"
+                    )
         self.world.commits += 1
         self.txn = None
 
     def abort_transaction(self, timeout: float) -> None:
         self._fatal()
         self.pending = []
+        self.written = []
         self.txn = None
 
     def purge(self) -> None:
@@ -261,15 +277,11 @@ class FakeHost:
         self.world = world
         self.owned: set[int] = set(PARTITIONS)
         self.positions_of = dict.fromkeys(PARTITIONS, 0)
-        self.generation = 1
         self.settled_count = 0
         self.anchoring = True
 
     def positions(self) -> list[Any]:
         return [clients.TopicPartition("cmd", p, self.positions_of[p]) for p in sorted(self.owned)]
-
-    def group_metadata(self) -> Any:
-        return ("generation", self.generation)
 
     def seal(self) -> Any:
         return sorted(self.owned)
@@ -324,7 +336,7 @@ class PipelineMachine(RuleBasedStateMachine):
         if partition not in self.host.owned:
             return
         self.host.positions_of[partition] += 1
-        value = str(next(self.records)).encode()
+        value = f"{self.host.positions_of[partition]}/{next(self.records)}".encode()
         self.pipeline.produce(Record(EVENTS, partition, b"run", value))
 
     @rule(partition=st.sampled_from(PARTITIONS), count=st.integers(1, 3))
@@ -333,7 +345,8 @@ class PipelineMachine(RuleBasedStateMachine):
         if partition not in self.host.owned:
             return
         self.host.positions_of[partition] += 1
-        values = [str(next(self.records)).encode() for _ in range(count)]
+        position = self.host.positions_of[partition]
+        values = [f"{position}/{next(self.records)}".encode() for _ in range(count)]
         self.pipeline.produce_all([Record(EVENTS, partition, b"run", v) for v in values])
 
     @rule(partition=st.sampled_from(PARTITIONS))
@@ -356,9 +369,8 @@ class PipelineMachine(RuleBasedStateMachine):
         self.pipeline.slots[index].lane.step()
 
     @rule()
-    def release_refence_spare(self) -> None:
+    def release_spare(self) -> None:
         self.pipeline.release()
-        self.pipeline.refence()
         self.pipeline.begin_spare()
 
     @rule()
@@ -396,13 +408,11 @@ class PipelineMachine(RuleBasedStateMachine):
         producer = self.pipeline.slots[index].producer
         if producer is not None:  # made lazily after a reset that gave the partitions up
             producer.fenced = True
-        self.host.generation += 1
 
     @rule(partition=st.sampled_from(PARTITIONS))
     def revoke(self, partition: int) -> None:
         if partition not in self.host.owned:
             return
-        self.pipeline.forget_metadata()
         self.pipeline.commit_all(start_steps=False, retake=False)
         self.host.drop({partition})
 
@@ -410,7 +420,6 @@ class PipelineMachine(RuleBasedStateMachine):
     def lost(self, partition: int) -> None:
         if partition not in self.host.owned:
             return
-        self.pipeline.forget_metadata()
         if self.pipeline.active():
             self.pipeline.abort("partitions lost", retake=False, patience=0.5)
         self.host.drop({partition})
@@ -465,7 +474,7 @@ def test_the_promoted_spare_waits_for_the_sealed_transactions_records(moved: boo
     machine.command(0)
     for lane in machine.scheduler.lanes:
         lane.step()
-    machine.release_refence_spare()  # the spare is begun and its fence queued
+    machine.release_spare()  # the spare is begun and its fence queued
     for lane in machine.scheduler.lanes:
         lane.step()
     if moved:
@@ -514,7 +523,7 @@ def test_the_loop_is_told_when_a_promoted_spare_may_open(spare_fenced: bool) -> 
     opened = machine.pipeline.open
     assert opened is not None
     machine.scheduler.run_until(opened.fence)  # type: ignore[arg-type]
-    machine.release_refence_spare()
+    machine.release_spare()
     spare = machine.pipeline.spare
     assert spare is not None and spare.fence is not None
     if spare_fenced:

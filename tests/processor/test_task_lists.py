@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from flowstream import wire
 from flowstream.kafka import clients
 from flowstream.model.events import RunCreated, RunStarted, SignalReceived
 from flowstream.processor import sweeps
@@ -21,8 +22,7 @@ from flowstream.processor.engine import PartitionEngine
 from flowstream.processor.metrics import ProcessorMetrics
 from flowstream.processor.sweeps import Sweeper
 from flowstream.processor.tasks import PartitionTask, TaskManager
-from flowstream.processor.txn.slot import ProducerSlot
-from flowstream.processor.txn.state import Txn
+from flowstream.processor.txn.pipeline import TransactionPipeline
 from flowstream.stores.partition import PartitionStore
 from flowstream.topology import CMD_CANCEL, CMD_HOOK, CMD_SIGNAL, CMD_START, CMD_TIMER
 from tests.support import FakeClock, make_runtime, spec
@@ -204,51 +204,40 @@ def test_the_positions_list_is_the_same_object_until_something_moves(tasks: Task
     assert manager.positions() is not rewound and _positions(manager) == {("t.cmd.start", 0, 5)}
 
 
-def test_a_transaction_tells_the_positions_it_sent_and_names_them_again_only_when_new() -> None:
-    """``Txn.sent`` compares by identity first and by value otherwise; the named copy of the
-    positions a lane sends is made again for another list or another writer."""
+def test_a_seal_records_the_positions_of_the_partitions_they_moved_only() -> None:
+    """A ``positions`` record goes to each events partition whose command positions differ from
+    those a transaction recorded last, with every command topic of it; the same list is one
+    identity test, an equal new list records nothing, and after an abort everything again."""
 
-    def tps(*offsets: int) -> list[Any]:
-        return [clients.TopicPartition("t.cmd.start", p, o) for p, o in enumerate(offsets)]
+    def tps(**offsets: int) -> list[Any]:
+        return [
+            clients.TopicPartition(f"t.cmd.{name[0]}", int(name[1:]), o)
+            for name, o in offsets.items()
+        ]
 
-    txn = Txn(1, ProducerSlot(0, lane=object()))
-    sent = tps(5, 7)
-    txn.fence_with(sent)
-    assert txn.sent(sent)
-    same = tps(5, 7)  # another list, the same positions
-    assert txn.sent(same) and txn.fenced_list is same
-    assert not txn.sent(tps(6, 7)) and not txn.sent(tps(5)) and not txn.sent(tps(5, 7, 1))
+    pipeline = TransactionPipeline(
+        SimpleNamespace(),
+        lambda slot: None,
+        stuck_s=1.0,
+        metrics=None,
+        events_topic="t.events",
+        lanes=(object(), object()),
+    )
 
-    slot = ProducerSlot(0, lane=object())
-    slot.writer = "w/1"
-    named = slot.named(sent)
-    assert [(tp.topic, tp.partition, tp.offset, tp.metadata) for tp in named] == [
-        ("t.cmd.start", 0, 5, "w/1"),
-        ("t.cmd.start", 1, 7, "w/1"),
-    ]
-    assert slot.named(sent) is named
-    assert [tp.offset for tp in slot.named(tps(6, 7))] == [6, 7]
-    slot.writer = "w/2"  # a new producer, a new writer
-    assert [tp.metadata for tp in slot.named(sent)] == ["w/2", "w/2"]
-    assert [(tp.offset, tp.metadata) for tp in slot.named(tps(6, 7))] == [(6, "w/2"), (7, "w/2")]
+    def recorded(records: list[Any]) -> dict[int, tuple[str, dict[str, int]]]:
+        assert all(r.topic == "t.events" and r.headers == wire.POSITIONS_HEADERS for r in records)
+        return {r.partition: wire.split_positions(r.value) for r in records}
 
-
-def test_the_positions_name_the_writer_and_a_lane_sends_them_as_they_are(tasks: Tasks) -> None:
-    """The host's positions carry the context's writer, so the slot sends that very list; a new
-    writer (a reset) gives a new list naming it, and a slot whose writer differs names a copy."""
-    manager = tasks.manager
-    first = tasks.task(0, **{CMD_START: 5})
-    manager.own(first)
-    manager.activate(first)
-    positions = manager.positions()
-    assert [tp.metadata for tp in positions] == ["w/1"]
-    slot = ProducerSlot(0, lane=object())
-    slot.writer = "w/1"
-    assert slot.named(positions) is positions
-    manager.ctx.writer = "w/2"  # the producers were replaced
-    renamed = manager.positions()
-    assert renamed is not positions
-    assert [(tp.offset, tp.metadata) for tp in renamed] == [(5, "w/2")]
-    named = slot.named(renamed)  # a slot still on the old writer names a copy
-    assert [(tp.offset, tp.metadata) for tp in named] == [(5, "w/1")]
-    assert manager.positions() is renamed
+    first = tps(s0=5, h0=1, s1=7, h1=0)
+    assert recorded(pipeline._position_records(first, "w/1")) == {
+        0: ("w/1", {"t.cmd.s": 5, "t.cmd.h": 1}),
+        1: ("w/1", {"t.cmd.s": 7, "t.cmd.h": 0}),
+    }
+    assert pipeline._position_records(first, "w/1") == []
+    assert pipeline._position_records(tps(s0=5, h0=1, s1=7, h1=0), "w/1") == []
+    moved = tps(s0=5, h0=1, s1=8, h1=0)
+    assert recorded(pipeline._position_records(moved, "w/1")) == {
+        1: ("w/1", {"t.cmd.s": 8, "t.cmd.h": 0})
+    }
+    pipeline.forget_positions()  # an abort: what was recorded may be gone
+    assert set(recorded(pipeline._position_records(moved, "w/2"))) == {0, 1}

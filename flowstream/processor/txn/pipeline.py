@@ -5,16 +5,26 @@ Each transaction is a :class:`Txn` whose state moves only along :data:`TRANSITIO
     BEGUN ──▶ FENCING ──▶ OPEN ──▶ SEALED ──▶ COMMITTED
       └──────────┴──────────┴────────┴──────▶ ABORTED
 
-* **BEGUN**: ``begin_transaction`` ran on its producer; no positions could be sent (nothing is
-  owned). Its records wait; sealed like this, it aborts (an ungated transaction never commits).
-* **FENCING**: its lane sends the consumer positions of every command partition of every active
-  partition, with the group metadata (the fence: the coordinator refuses it from a member that
-  lost its generation, KIP-447). Its records wait in memory.
-* **OPEN**: the fence went through, and the transaction before it (if one commits) has written
-  its records (``precommit``): records are produced directly.
-* **SEALED**: nothing more joins it. Its lane produces what was held back, sends moved
-  positions again, waits until every record is written (``precommit``), checks that no record
-  failed, and commits. At most one transaction is sealed at a time.
+* **BEGUN**: ``begin_transaction`` ran on its producer while nothing was owned (no positions).
+  Its records wait; sealed like this, it aborts (an ungated transaction never commits).
+* **FENCING**: its gate call is queued on its lane behind the transaction before it (the one
+  sealed, or the open one for a spare): it registers the transaction's anchors, once that one's
+  records are written. Its records wait in memory.
+* **OPEN**: the gate call went through, and the transaction before it (if one commits) has
+  written its records (``precommit``): records are produced directly.
+* **SEALED**: nothing more joins it. Its lane produces what was held back and a ``positions``
+  record on each events partition whose command positions it moved, waits until every record is
+  written (``precommit``), checks that no record failed, and commits. At most one transaction is
+  sealed at a time.
+
+The positions are records of the transaction, not offsets sent to the group's coordinator
+(``send_offsets_to_transaction``): a transaction then involves only its own coordinator and the
+leaders of the partitions it writes, so a SIGKILL of the group coordinator's broker stalls no
+transaction of any member (it stalled every one for 3-16 s while the positions went there).
+Zombie members are fenced by their transactional ids instead of by the group's generation
+(``processor.fence``: each owner claims a partition under its writer id before it writes, and
+the next owner fences the ids of the writer it finds). The group's offsets follow the committed
+positions outside the transactions (``PartitionHost.settled``).
 
 The ordering gates, checked in code rather than promised in comments:
 
@@ -27,8 +37,8 @@ The ordering gates, checked in code rather than promised in comments:
    record is written and before ``commit_transaction``; an error found after the commit is not
    an abort (Kafka kept the transaction) but an :class:`InDoubt` outcome, and the partitions are
    restored from the events topic;
-3. every transaction that commits sent positions with the group metadata, and a transaction
-   with no positions aborts;
+3. every transaction that commits went through its gate, and records the positions of every
+   partition it moved (a transaction sealed while nothing is owned aborts);
 4. a transaction opened while another commits commits only after it: a seal waits until no
    transaction is sealed.
 
@@ -52,11 +62,13 @@ from flowstream.processor.txn.errors import Abort, InDoubt, is_fatal, retrying
 from flowstream.processor.txn.recovery import PipelineRecovery
 from flowstream.processor.txn.slot import ProducerSlot, Record
 from flowstream.processor.txn.state import PipelineHost, Txn, TxnState
-from flowstream.processor.txn.view import OFFSETS_QUIET_S, OFFSETS_STUCK_S, PipelineView
+from flowstream.processor.txn.view import PipelineView
 
 __all__ = ["TransactionPipeline"]
 
 LOG = logging.getLogger("flowstream.processor")
+
+POSITIONS = wire.POSITIONS_HEADERS
 
 
 def _tell_when_open(txn: Txn, precommit: Future[None], on_done: Callable[[Any], None]) -> None:
@@ -77,7 +89,6 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
         new_producer: Callable[[ProducerSlot], Any],
         *,
         stuck_s: float,
-        offsets_stuck_s: float = OFFSETS_STUCK_S,
         metrics: Any,
         events_topic: str,
         lanes: tuple[Any, Any] | None = None,
@@ -91,8 +102,6 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
         self._preparer = prepare
         self._new_producer = new_producer
         self.stuck_s = stuck_s
-        self.offsets_stuck_s = min(offsets_stuck_s, stuck_s)
-        self._offsets_gave_up = -OFFSETS_QUIET_S
         self.metrics = metrics
         self._lanes = lanes
         self._clock = clock
@@ -105,7 +114,12 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
         self.spare: Txn | None = None
         self.sealed: Txn | None = None
         self._numbers = 0
-        self._metadata: Any = None
+        #: The position of each command partition (topic, partition) as last recorded by a
+        #: transaction that is sealed or committed; a seal records those that differ.
+        self._recorded: dict[tuple[str, int], int] = {}
+        #: The positions list ``_recorded`` was last compared with (the host hands out the
+        #: same list while nothing moved: most seals are one identity test).
+        self._recorded_list: list[Any] | None = None
         self._resets: list[float] = []
         self._began_commit = 0.0
         self.aborts = 0
@@ -117,9 +131,11 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
         for slot in self.slots:
             slot.producer = self._new_producer(slot)
 
-    def forget_metadata(self) -> None:
-        """A rebalance changes the group metadata."""
-        self._metadata = None
+    def forget_positions(self) -> None:
+        """What was recorded may be thrown away (an abort, new producers): the next seal records
+        every position again."""
+        self._recorded = {}
+        self._recorded_list = None
 
     # -- opening -------------------------------------------------------------------------------
 
@@ -152,9 +168,9 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
             txn.deferred.extend(records)
 
     def _begin_on_kafka(self, anchors: list[int] | None = None) -> Txn:
-        """Begin a transaction on the open slot and send its positions (the fence) from its
-        lane, after the sealed one's records; ``anchors``: events partitions to register with
-        it right after the fence, each by an empty record (every reader skips it)."""
+        """Begin a transaction on the open slot and queue its gate call on its lane, after the
+        sealed one's records; ``anchors``: events partitions to register with it in that call,
+        each by an empty record (every reader skips it)."""
         slot = self._slot
         self._numbers += 1
         txn = Txn(self._numbers, slot, opened=self._clock())
@@ -173,9 +189,8 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
             # replaces the producers. (Callers are in the middle of a decision.)
             slot.error = exc.args[0]
             return txn
-        offsets = self.host.positions()
-        if offsets:
-            self._fence(txn, offsets, anchors or [], after=self._precommit())
+        if self.host.positions():
+            self._fence(txn, anchors or [], after=self._precommit())
         return txn
 
     def _precommit(self) -> Future[None] | None:
@@ -184,25 +199,19 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
     def _fence(
         self,
         txn: Txn,
-        offsets: list[Any] | None,
         anchors: list[int],
         *,
         after: Future[Any] | None,
         wake: bool = True,
     ) -> None:
-        """Submit the call that sends ``txn``'s positions (and registers its anchors) once
-        ``after`` is done (FENCING until it returned); ``wake``: the loop waits for it."""
-        metadata = self.group_metadata() if offsets else None
-        if offsets:
-            txn.fence_with(offsets)
+        """Submit ``txn``'s gate call (which registers its anchors) to run once ``after`` is
+        done (FENCING until it returned); ``wake``: the loop waits for it."""
         if txn.state is TxnState.BEGUN:
             txn.move(TxnState.FENCING)
         before = txn.fence
         txn.fence = txn.slot.lane.submit(
             self._send_fence,
             txn,
-            offsets,
-            metadata,
             anchors,
             before,
             after,
@@ -215,43 +224,47 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
     def _send_fence(
         self,
         txn: Txn,
-        offsets: list[Any] | None,
-        metadata: Any,
         anchors: list[int],
         before: Future[None] | None,
         prior: Future[Any] | None,
     ) -> None:
-        """In the slot's lane: register the anchors and send the positions, unless this
-        transaction's earlier fence (``before``) or the call it waited for (``prior``: the
-        sealed one's ``precommit``, or the open one's fence) failed."""
+        """In the slot's lane: register the anchors, unless this transaction's earlier gate call
+        (``before``) or the call it waited for (``prior``: the sealed one's ``precommit``, or the
+        open one's gate) failed."""
         slot = txn.slot
         for earlier in (before, prior):
             if earlier is not None and earlier.exception() is not None:
                 raise Abort(f"the transaction before it failed: {earlier.exception()}")
         for partition in anchors:
             slot.send(Record(slot.events_topic, partition, b"", b"", wire.ANCHOR_HEADERS))
-        if offsets is not None:
-            self.send_offsets(slot, slot.named(offsets), metadata)
         if anchors:
             slot.producer.flush(30)
         if slot.error is not None and is_fatal(slot.error):
             raise clients.KafkaException(slot.error)
 
-    @staticmethod
-    def send_offsets(slot: ProducerSlot, offsets: list[Any], metadata: Any) -> None:
-        """In the slot's lane: send the positions (how long it runs is watched: ``stuck``)."""
-        producer = slot.producer
-        began = slot.offsets_since = time.monotonic()
-        try:
-            retrying(lambda: producer.send_offsets_to_transaction(offsets, metadata, 30))
-        finally:
-            if slot.offsets_since == began:  # not a newer call's, after a give-up
-                slot.offsets_since = None
-            else:
-                LOG.info(
-                    "a send of positions given up returned after %.2f s",
-                    time.monotonic() - began,
-                )
+    def _position_records(self, offsets: list[Any], writer: str) -> list[Record]:
+        """A ``positions`` record for each partition of ``offsets`` whose positions differ from
+        those last recorded (the seal's: recorded from then on)."""
+        if offsets is self._recorded_list:
+            return []
+        recorded = self._recorded
+        moved: dict[int, dict[str, int]] = {}
+        for tp in offsets:
+            key = (tp.topic, tp.partition)
+            if recorded.get(key) != tp.offset:
+                recorded[key] = tp.offset
+                moved.setdefault(tp.partition, {})
+        self._recorded_list = offsets
+        if not moved:
+            return []
+        for tp in offsets:
+            if tp.partition in moved:
+                moved[tp.partition][tp.topic] = tp.offset
+        topic = self.slots[0].events_topic
+        return [
+            Record(topic, partition, b"", wire.positions_value(writer, positions), POSITIONS)
+            for partition, positions in moved.items()
+        ]
 
     def release(self) -> None:
         """Once the open transaction's fence went through (and so the sealed one's records
@@ -271,25 +284,9 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
         precommit = self._precommit()
         return precommit is None or (precommit.done() and precommit.exception() is None)
 
-    def refence(self) -> None:
-        """Send the open transaction's positions again as soon as the commands it applied moved
-        them, while its records are written, rather than at the seal, where the commit would
-        wait for those round trips. Once per transaction."""
-        txn = self.open
-        if self.spare is not None or txn is None or txn.refenced or txn.fence is None:
-            return
-        self.release()
-        if txn.state is not TxnState.OPEN:
-            return
-        offsets = self.host.positions()
-        if not offsets or txn.sent(offsets):
-            return
-        txn.refenced = True
-        self._fence(txn, offsets, [], after=self._precommit(), wake=False)  # OPEN: not waited
-
     def begin_spare(self) -> None:
         """Begin the transaction after the open one on the other producer while nothing is
-        sealed; its positions go out after the open one's (so the group keeps the later)."""
+        sealed; its gate call runs after the open one's."""
         txn = self.open
         if self.spare is not None or self.sealed is not None or txn is None:
             return
@@ -298,8 +295,7 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
         slot = self._other(txn.slot)
         if slot.begun or slot.producer is None:
             return
-        offsets = self.host.positions()
-        if not offsets:
+        if not self.host.positions():
             return
         try:
             slot.begin()
@@ -308,13 +304,7 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
         self._numbers += 1
         spare = Txn(self._numbers, slot, opened=self._clock())
         self.spare = spare
-        self._fence(spare, offsets, [], after=txn.fence, wake=False)  # waited once promoted
-
-    def group_metadata(self) -> Any:
-        """Fetched once per generation: it costs more than beginning a transaction."""
-        if self._metadata is None:
-            self._metadata = self.host.group_metadata()
-        return self._metadata
+        self._fence(spare, [], after=txn.fence, wake=False)  # waited once promoted
 
     def _other(self, slot: ProducerSlot) -> ProducerSlot:
         return self.slots[1 - slot.index]
@@ -333,24 +323,16 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
             return
         txn = self.open if self.open is not None else self._begin_on_kafka()
         if txn.state is TxnState.BEGUN and txn.slot.error is None:
-            self._fence(txn, offsets, [], after=None)  # begun while nothing was owned
+            self._fence(txn, [], after=None)  # begun while nothing was owned
         self.release()
         records, txn.deferred = txn.deferred, []
-        moved = not txn.sent(offsets)
-        metadata = self.group_metadata() if moved else None
+        records.extend(self._position_records(offsets, txn.slot.writer))
         txn.sealed = self.host.seal()
         eager = txn.decided and reopen
         txn.move(TxnState.SEALED)
         txn.precommit = Future()
         fence, txn.fence = txn.fence, None
-        txn.commit = txn.slot.lane.submit(
-            self._commit_blocking,
-            txn,
-            fence,
-            records,
-            offsets if moved else None,
-            metadata,
-        )
+        txn.commit = txn.slot.lane.submit(self._commit_blocking, txn, fence, records)
         if self.on_done is not None:
             txn.commit.add_done_callback(self.on_done)
         self.sealed = txn
@@ -361,11 +343,9 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
         spare, self.spare = self.spare, None
         if spare is not None:
             self.open = spare
-            # Positions sent again and anchors go after its precommit; else the gate waits for it.
-            if moved or anchors:
-                self._fence(
-                    spare, self.host.positions() if moved else None, anchors, after=txn.precommit
-                )
+            # Anchors go after its precommit; else the gate waits for it.
+            if anchors:
+                self._fence(spare, anchors, after=txn.precommit)
             elif self.on_done is not None:
                 _tell_when_open(spare, txn.precommit, self.on_done)
         elif eager:
@@ -378,11 +358,9 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
         txn: Txn,
         fence: Future[None] | None,
         records: list[Record],
-        offsets: list[Any] | None,
-        metadata: Any,
     ) -> None:
-        """In the slot's lane: check the fence, produce what was held back, send moved
-        positions, wait until every record is written, check none failed, commit."""
+        """In the slot's lane: check the gate call, produce what was held back (with the
+        positions records), wait until every record is written, check none failed, commit."""
         slot = txn.slot
         producer = slot.producer
         precommit = txn.precommit
@@ -391,13 +369,11 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
             if slot.error is not None:
                 raise Abort(f"the transaction cannot commit: {slot.error}")
             if fence is None:
-                raise Abort("the transaction sent no positions")
+                raise Abort("the transaction went through no gate")
             if fence.exception() is not None:
                 raise fence.exception()  # type: ignore[misc]
             for record in records:
                 slot.send(record)
-            if offsets is not None:
-                self.send_offsets(slot, slot.named(offsets), metadata)
             if producer.flush(30):
                 raise Abort("records were not delivered within 30 s")
             if slot.error is not None:

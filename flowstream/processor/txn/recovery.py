@@ -39,11 +39,8 @@ class PipelineRecovery:
     spare: Txn | None
     sealed: Txn | None
     stuck_s: float
-    offsets_stuck_s: float
-    _offsets_gave_up: float
-    offsets_hang: Callable[[], bool]  # ``PipelineView``'s
     metrics: Any
-    _metadata: Any
+    forget_positions: Callable[[], None]  # ``TransactionPipeline``'s
     #: Aborts so far (a reset counts): a caller can tell whether its call rewound the consumer.
     aborts: int
     _resets: list[float]
@@ -78,15 +75,14 @@ class PipelineRecovery:
             slot.prepared = (slot.generation, self._preparer.submit(make))
 
     def wait(self, future: Future[Any], patience: float | None = None) -> bool:
-        """Wait for a lane call; False if it ran into the stuck limit (or ``patience``), or a
-        send of positions hangs (``offsets_hang``)."""
+        """Wait for a lane call; False if it ran into the stuck limit (or ``patience``)."""
         lane = self.slots[0].lane
         deadline = time.monotonic() + (self.stuck_s if patience is None else patience)
         while True:
             left = deadline - time.monotonic()
             if lane.wait(future, max(0.0, min(left, _WAIT_SLICE_S))):
                 return True
-            if left <= 0 or self.offsets_hang():
+            if left <= 0:
                 return False
 
     def abort(
@@ -103,7 +99,7 @@ class PipelineRecovery:
         LOG.warning("aborting transaction: %s", reason)
         self.metrics.aborts.inc()
         self.aborts += 1
-        self._metadata = None  # a refused fence may mean a generation this member missed
+        self.forget_positions()
         txns = [t for t in (self.open, self.spare, self.sealed) if t is not None]
         for txn in txns:
             for pending in (txn.fence, txn.commit):
@@ -154,7 +150,7 @@ class PipelineRecovery:
             slot.failed.clear()
             slot.begun = False
         self._slot = self.slots[0]
-        self._metadata = None
+        self.forget_positions()
         new_writer()
         self._prepare()
 
@@ -167,17 +163,10 @@ class PipelineRecovery:
         """A transactional call never returned: leave it and its lane behind, and replace the
         producers as if fenced (a new one's ``init_transactions`` aborts what the old had)."""
         why = f"hangs (over {self.stuck_s:.0f} s)"
-        if self.offsets_hang():
-            now = self._offsets_gave_up = time.monotonic()
-            # Read once each: the lane's thread clears it when the send returns.
-            began = [b for b in (slot.offsets_since for slot in self.slots) if b is not None]
-            ran = f", for {now - min(began):.1f} s" if began else ""
-            why = f"hangs sending positions (over {self.offsets_stuck_s:g} s{ran})"
         self.metrics.aborts.inc()
         self.aborts += 1
         for slot in self.slots:
             slot.lane = slot.lane.abandon()
-            slot.offsets_since = None
         self._end([t for t in (self.open, self.spare, self.sealed) if t is not None])
         error = clients.KafkaException(
             clients.KafkaError(clients.KafkaError._TIMED_OUT, "a transactional call never returned")
@@ -199,7 +188,7 @@ class PipelineRecovery:
             raise error
         LOG.error("the producer %s (%s); replacing it", why, error)
         self.aborts += 1
-        self._metadata = None
+        self.forget_positions()
         self.metrics.producer_resets.inc()
         self._end([t for t in (self.open, self.spare, self.sealed) if t is not None])
         for slot in self.slots:

@@ -55,11 +55,9 @@ class ProducerSlot:
     def __init__(self, index: int, lane: Any = None) -> None:
         self.index = index
         self.producer: Any = None
-        #: When the send of positions running in the lane began (``None``: none runs).
-        self.offsets_since: float | None = None
         #: The next producer, being made ahead of need (``PipelineRecovery.ensure_producer``).
         self.prepared: Any = None
-        #: The writer id the producer was made for (named in the positions it commits).
+        #: The writer id the producer was made for (named in the positions it records).
         self.writer = ""
         self.lane: Any = lane if lane is not None else Lane(f"flowstream-commit-{index}")
         # Bumped with each new producer: reports of a replaced one are ignored.
@@ -73,27 +71,6 @@ class ProducerSlot:
         self.events_end: dict[int, int] = {}
         self.events_topic = ""
         self._lock = threading.Lock()
-        #: The last positions named (``named``): the list, its writer, the named list.
-        self._named: tuple[list[Any] | None, str, list[Any]] = (None, "", [])
-
-    def named(self, offsets: list[Any]) -> list[Any]:
-        """``offsets``, each naming the writer (the next owner fences it: ``processor.fence``):
-        ``offsets`` themselves when they name it (the host's do, unless the writer changed
-        since), else a named copy, made again only for another list or another writer. The
-        slot's lane calls it; callers do not change the list."""
-        made_of, made_for, made = self._named
-        writer = self.writer
-        if made_of is not offsets or made_for != writer:
-            made = offsets
-            for tp in offsets:  # the host names its writer already, unless it changed since
-                if tp.metadata != writer:
-                    made = [
-                        clients.TopicPartition(tp.topic, tp.partition, tp.offset, metadata=writer)
-                        for tp in offsets
-                    ]
-                    break
-            self._named = (offsets, writer, made)
-        return made
 
     def begin(self) -> None:
         """Begin a transaction on this producer; the last one's delivery reports are forgotten."""

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from flowstream.processor.txn.slot import ProducerSlot, Record
 
-__all__ = ["TRANSITIONS", "PipelineHost", "Txn", "TxnState", "offsets_key"]
+__all__ = ["TRANSITIONS", "PipelineHost", "Txn", "TxnState"]
 
 
 class TxnState(Enum):
@@ -39,13 +39,9 @@ class Txn:
     number: int
     slot: ProducerSlot
     state: TxnState = TxnState.BEGUN
-    #: The lane call that sent its positions (the last of them, if sent again).
+    #: Its gate call (the last of them, if anchors were registered again): its records are
+    #: produced once it returned.
     fence: Future[None] | None = None
-    fenced: tuple[tuple[str, int, int], ...] = ()
-    #: The positions list ``fenced`` was taken from: the host hands out the same list while
-    #: nothing moved, so most checks are one identity test (``sent``).
-    fenced_list: list[Any] | None = None
-    refenced: bool = False
     deferred: list[Record] = field(default_factory=list)
     #: Decisions were taken in it (it was not only begun ahead of them).
     decided: bool = False
@@ -61,20 +57,6 @@ class Txn:
     commit: Future[None] | None = None
     sealed: Any = None
 
-    def fence_with(self, offsets: list[Any]) -> None:
-        """``offsets`` are the positions its fence sends."""
-        self.fenced = offsets_key(offsets)
-        self.fenced_list = offsets
-
-    def sent(self, offsets: list[Any]) -> bool:
-        """``offsets`` hold the positions its fence sent last."""
-        if offsets is self.fenced_list:
-            return True
-        if offsets_key(offsets) != self.fenced:
-            return False
-        self.fenced_list = offsets  # the same positions: the next check is an identity test
-        return True
-
     def move(self, state: TxnState) -> None:
         if state not in TRANSITIONS[self.state]:
             raise AssertionError(f"transaction {self.number}: {self.state.name} -> {state.name}")
@@ -86,9 +68,6 @@ class PipelineHost(Protocol):
 
     def positions(self) -> list[Any]:
         """The consumer position of every command partition of every active partition."""
-
-    def group_metadata(self) -> Any:
-        """The consumer's group metadata (generation and member id)."""
 
     def seal(self) -> Any:
         """The open transaction is sealed: set its staged state aside; returned to ``settled``."""
@@ -105,9 +84,3 @@ class PipelineHost(Protocol):
 
     def retake(self, retake: bool) -> None:
         """The producers were replaced: drop every partition, and take the assigned ones again."""
-
-
-def offsets_key(offsets: list[Any]) -> tuple[tuple[str, int, int], ...]:
-    """What positions a transaction sent, comparable with the next (from a list, not a
-    generator: 40 positions for each new list of them)."""
-    return tuple([(tp.topic, tp.partition, tp.offset) for tp in offsets])
