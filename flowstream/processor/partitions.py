@@ -38,6 +38,8 @@ class PartitionHost:
     def __init__(self, processor: Processor) -> None:
         self.p = processor
         self._group_committed = 0.0
+        #: A commit settled whose positions the group's offsets do not hold yet.
+        self._group_behind = False
 
     # -- building ------------------------------------------------------------------------------
 
@@ -154,9 +156,19 @@ class PartitionHost:
             for item in task.sealed_outbox if starts else ():
                 self.p.steps.start(task, item)
             task.sealed_outbox = []
+        self._group_behind = True
+        self.follow_group()
+
+    def follow_group(self) -> None:
+        """Commit the settled positions to the group if it lags them and ``GROUP_COMMIT_S``
+        passed since the last time (asked after each commit and on every loop iteration, so an
+        idle member's last positions reach the group too)."""
+        if not self._group_behind:
+            return
         now = time.monotonic()
         if now - self._group_committed >= GROUP_COMMIT_S:
             self._group_committed = now
+            self._group_behind = False
             self.p.tasks.commit_positions(self.p.tasks.active())
 
     def aborted(self, failed: list[tuple[str, bytes | None]]) -> None:

@@ -201,6 +201,7 @@ class Processor:
         self.timers.fire()
         await self.commands.inbox.expire(self.tasks.active())
         pipeline.begin_spare()
+        self.host.follow_group()
         if pipeline.decided and pipeline.sealed is None and self._should_commit():
             pipeline.seal()
         elif pipeline.idle_eager(_EAGER_IDLE_S):
