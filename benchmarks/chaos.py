@@ -57,9 +57,10 @@ from typing import Any
 from benchmarks import harness
 from benchmarks.chaos_app import EFFECTS_ENV, HOOK_ID, SIGNAL_NAME, SPEC, make_input
 from benchmarks.chaos_audit import Audit, Expectations, audit, format_audit
-from benchmarks.chaos_watch import Fault, Follow, fault_figures
+from benchmarks.chaos_watch import Fault, Follow, HostWatch, fault_figures
 from flowstream.client import FlowClient
 from flowstream.devkafka import DEFAULT_PORT_3, Cluster
+from flowstream.devkafka.config import CONTROLLER
 from flowstream.kafka import clients, topics
 from flowstream.partitioning import partition_for
 from flowstream.replay.decide import token_digest
@@ -203,6 +204,7 @@ class _Driver:
         #: Brokers killed and not yet back (a restart in progress counts as down).
         self._brokers_down: set[int] = set()
         self.follow: Follow | None = None
+        self.host = HostWatch()
         self._pending_signals: dict[str, Callable[[], None]] = {}
         self._pending_hooks: set[str] = set()
         self._probes = 0
@@ -432,12 +434,19 @@ class _Driver:
                 self.workers.back_at,
                 self.partitions,
                 self.options.broker_down,
+                self.host,
+                self._controller_log(),
             ),
             "unplanned_worker_exits": self.workers.unplanned,
             "worker_tracebacks": self.workers.tracebacks(),
         }
 
+    def _controller_log(self) -> Path | None:
+        controllers = [n for n in self.cluster.all_nodes if n.roles == CONTROLLER]
+        return self.cluster.log_path(controllers[0].node_id) if controllers else None
+
     def close(self) -> None:
+        self.host.close()
         for thread in self._restarts:
             thread.join(240)
         with contextlib.suppress(Exception):

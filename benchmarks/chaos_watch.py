@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import re
 import statistics
 import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from benchmarks import harness
@@ -26,9 +28,11 @@ from flowstream.kafka import clients
 __all__ = [
     "Fault",
     "Follow",
+    "HostWatch",
     "RunSeen",
     "answer_after",
     "commit_gap",
+    "controller_fences",
     "fault_figures",
     "progress_after",
 ]
@@ -46,9 +50,12 @@ class Fault:
     victim: str
     detail: dict[str, Any] = field(default_factory=dict)
 
+    #: The wall clock (seconds since the epoch) when it was injected.
+    epoch: float = 0.0
+
     def __post_init__(self) -> None:
         # The wall clock to the millisecond, as the workers' log lines print it.
-        now = time.time()
+        now = self.epoch = time.time()
         self.detail["wall"] = (
             time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
         )
@@ -150,6 +157,8 @@ def fault_figures(
     back_at: dict[str, list[float]],
     partitions: int,
     broker_down: float,
+    host: HostWatch | None = None,
+    controller_log: Path | None = None,
 ) -> dict[str, Any]:
     """Failover after each worker fault (its probes answered, and the first event by another
     writer) and the commit gaps after each broker kill; each fault's figures join its detail."""
@@ -167,6 +176,7 @@ def fault_figures(
                 found = commit_gap(follow, subset, fault.at, gap_until)
                 fault.detail[f"gap_{name}_s"] = None if found is None else found[0]
                 fault.detail[f"gap_{name}_from_s"] = None if found is None else found[1]
+            _beside_the_gap(fault, host, controller_log, gap_until - fault.at)
             # A start given right after the kill, answered: on a partition whose events and
             # starts the dead broker led neither, what the kill cost its runs.
             spared = others - set(fault.detail.get("start_led", ()))
@@ -235,6 +245,109 @@ def fault_figures(
         ),
         "events_followed": follow.events,
     }
+
+
+class HostWatch:
+    """What the machine did while a gap lasted. A thread sleeps 0.1 s at a time and notes how
+    late it woke (a host that froze wakes it seconds late) and the kernel's pressure totals
+    (``/proc/pressure``: microseconds in which some task waited for CPU or IO, and in which every
+    task waited for IO). On 2 cores shared by four JVMs, three workers and the driver, a gap may
+    be the machine's rather than Kafka's; these say which."""
+
+    _EVERY_S = 0.1
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float, int, int, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="host-watch", daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        expected = time.monotonic()
+        while not self._stop.is_set():
+            time.sleep(self._EVERY_S)
+            now = time.monotonic()
+            late = max(0.0, now - expected - self._EVERY_S)
+            expected = now
+            cpu = _pressure("cpu", "some")
+            self.samples.append((now, late, cpu, _pressure("io", "some"), _pressure("io", "full")))
+
+    def window(self, since: float, until: float) -> dict[str, float | None]:
+        """Between ``since`` and ``until`` (monotonic): the latest wake-up, and the seconds of
+        CPU and IO pressure (``None`` without ``/proc/pressure``)."""
+        inside = [s for s in self.samples if since <= s[0] <= until]
+        if len(inside) < 2:
+            return {"late_max_s": None}
+        first, last = inside[0], inside[-1]
+        figures: dict[str, float | None] = {
+            "late_max_s": round(max(s[1] for s in inside), 2),
+            "span_s": round(last[0] - first[0], 2),
+        }
+        for index, name in ((2, "cpu_some_s"), (3, "io_some_s"), (4, "io_full_s")):
+            valid = first[index] >= 0 and last[index] >= 0
+            figures[name] = round((last[index] - first[index]) / 1e6, 2) if valid else None
+        return figures
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+
+
+def _pressure(resource: str, line: str) -> int:
+    """The ``total`` (microseconds) of one line of ``/proc/pressure/<resource>``; -1 without."""
+    try:
+        text = Path("/proc/pressure", resource).read_text()
+    except OSError:
+        return -1
+    for row in text.splitlines():
+        if row.startswith(line + " "):
+            return int(row.rsplit("total=", 1)[1])
+    return -1
+
+
+_FENCING = re.compile(
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\].*Fencing broker (\d+) at epoch \d+ "
+    r"because its session has timed out"
+)
+
+
+def controller_fences(log: Path, since: float, until: float) -> list[tuple[int, float]]:
+    """The brokers the controller fenced for a timed-out session between ``since`` and
+    ``until`` (wall clock, seconds since the epoch), each with when (seconds after ``since``),
+    read from the controller's log."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    fences = []
+    for line in lines:
+        found = _FENCING.match(line)
+        if found is None:
+            continue
+        stamp = time.mktime(time.strptime(found[1], "%Y-%m-%d %H:%M:%S")) + int(found[2]) / 1000
+        if since <= stamp <= until:
+            fences.append((int(found[3]), round(stamp - since, 2)))
+    return fences
+
+
+def _beside_the_gap(
+    fault: Fault, host: HostWatch | None, controller_log: Path | None, window: float
+) -> None:
+    """What the machine and the controller did during a broker kill's gap on the partitions it
+    did not lead: ``host`` (:class:`HostWatch`), and ``fenced``, each broker the controller fenced
+    for a timed-out session within the window (seconds after the kill). A broker fenced that
+    was not killed means the controller heard none of its heartbeats for a session."""
+    gap, began = fault.detail.get("gap_other_s"), fault.detail.get("gap_other_from_s")
+    if host is not None and gap is not None and began is not None:
+        fault.detail["host"] = host.window(fault.at + began, fault.at + began + gap)
+    if controller_log is not None:
+        fences = controller_fences(controller_log, fault.epoch, fault.epoch + window)
+        fault.detail["fenced"] = fences
+        victim = int(fault.victim.rsplit("-", 1)[1])
+        end = None if gap is None or began is None else began + gap
+        fault.detail["alive_fenced_in_gap"] = sorted(
+            {b for b, t in fences if b != victim and (end is None or t <= end)}
+        )
 
 
 def progress_after(
