@@ -205,8 +205,11 @@ class Cluster:
         self._launch(java, libs, missing, timeout=timeout)
         return self.bootstrap
 
-    def start_node(self, node_id: int, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        """Start one stopped node of a formatted cluster and wait until every broker answers."""
+    def start_node(
+        self, node_id: int, *, timeout: float = DEFAULT_TIMEOUT_S, nice: int = 0
+    ) -> None:
+        """Start one stopped node of a formatted cluster and wait until every broker answers;
+        ``nice``: its process's niceness (see :meth:`renice`)."""
         node = self.node(node_id)
         if self._running_pid(node_id) is not None:
             return
@@ -215,7 +218,13 @@ class Cluster:
         self._check_ports([node])
         java = find_java()
         libs = ensure_jars(self.cache_root, version=self.version)
-        self._launch(java, libs, [node], timeout=timeout)
+        self._launch(java, libs, [node], timeout=timeout, nice=nice)
+
+    def renice(self, node_id: int, nice: int) -> bool:
+        """Set the running node's niceness; ``False`` if it is not running or that is not
+        allowed (only a privileged user may lower it again)."""
+        pid = self._running_pid(node_id)
+        return pid is not None and process.renice(pid, nice)
 
     def _check_other_layout(self) -> None:
         stored = _Manifest.read(self.home)
@@ -300,14 +309,24 @@ class Cluster:
         if failures:
             raise DevKafkaError(failures[0])
 
-    def _launch(self, java: str, libs: Path, nodes: Sequence[NodeSpec], *, timeout: float) -> None:
+    def _launch(
+        self,
+        java: str,
+        libs: Path,
+        nodes: Sequence[NodeSpec],
+        *,
+        timeout: float,
+        nice: int = 0,
+    ) -> None:
         started: list[NodeSpec] = []
         try:
             for node in nodes:
                 node_dir = self.node_dir(node.node_id)
                 heap = self.heap if node.is_broker else _CONTROLLER_HEAP
                 command = broker_command(java, libs, node_dir, self._properties(node.node_id), heap)
-                pid = process.spawn(command, log_path=self.log_path(node.node_id), cwd=node_dir)
+                pid = process.spawn(
+                    command, log_path=self.log_path(node.node_id), cwd=node_dir, nice=nice
+                )
                 self._pid_file(node.node_id).write_text(f"{pid}\n", encoding="ascii")
                 started.append(node)
             self.wait_ready(timeout=timeout, nodes=nodes)

@@ -18,8 +18,9 @@ __all__ = ["is_alive", "port_is_free", "read_pid", "spawn", "terminate"]
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
-def spawn(command: Sequence[str], *, log_path: Path, cwd: Path) -> int:
-    """Start ``command`` in its own session, stdout and stderr appended to ``log_path``."""
+def spawn(command: Sequence[str], *, log_path: Path, cwd: Path, nice: int = 0) -> int:
+    """Start ``command`` in its own session, stdout and stderr appended to ``log_path``; with
+    ``nice``, at that niceness (every thread it makes inherits it)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -33,9 +34,25 @@ def spawn(command: Sequence[str], *, log_path: Path, cwd: Path) -> int:
             cwd=cwd,
             # Ctrl-C in the shell that ran `dev-kafka start` must not stop the broker.
             start_new_session=True,
+            preexec_fn=(lambda: os.nice(nice)) if nice else None,
         )
     _CHILDREN[child.pid] = child
     return child.pid
+
+
+def renice(pid: int, nice: int) -> bool:
+    """Set every thread of process ``pid`` to niceness ``nice`` (Linux keeps one per thread);
+    ``False`` where that is not allowed (lowering it needs ``CAP_SYS_NICE``) or not possible."""
+    try:
+        threads = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        threads = [pid]
+    try:
+        for tid in threads:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except OSError:
+        return False
+    return True
 
 
 def exit_code(pid: int) -> int | None:
