@@ -394,6 +394,7 @@ def audit(
             "committed_records": len(committed),
             "committed_events": sum(event_ids.values()),
             "bookkeeping_records": Counter(r.kind for r in committed.values() if r.kind != "event"),
+            "positions_in_headers": sum(1 for r in committed.values() if r.positions),
             "dead_letters": dict(read_dead_letters(bootstrap, f"{prefix}.deadletter", decoder)),
             "audit_s": round(time.monotonic() - began, 1),
         }
@@ -416,7 +417,8 @@ def format_audit(result: Audit) -> Iterator[str]:
     yield (
         f"audit: {f.get('aborted_records', 0)} records only read_uncommitted (aborted: "
         f"{f.get('aborted_by_kind', {})}), {f.get('aborted_events_decided_again', 0)} of their "
-        f"events decided again and committed; bookkeeping {f.get('bookkeeping_records', {})}"
+        f"events decided again and committed; bookkeeping {f.get('bookkeeping_records', {})}, "
+        f"positions carried by other records {f.get('positions_in_headers', 0)}"
     )
     yield (
         f"audit: {f.get('step_executions', 0)} step executions for "

@@ -39,6 +39,7 @@ SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schemas"
 MARKER = b"\xc3\x01"
 RECORD_HEADER = "flowstream-record"
 WRITER_HEADER = "flowstream-writer"
+POSITIONS_HEADER = "flowstream-positions"
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,8 @@ class Record:
     kind: str  # the flowstream-record header, "event" when absent
     writer: str
     value: bytes
+    #: It carries its transaction's positions of the partition (``flowstream-positions``).
+    positions: bool = False
 
 
 def _headers(message: Any) -> dict[str, bytes]:
@@ -213,6 +216,7 @@ def read_view(
                     headers.get(RECORD_HEADER, b"event").decode(),
                     headers.get(WRITER_HEADER, b"").decode(),
                     message.value() or b"",
+                    POSITIONS_HEADER in headers,
                 )
             positions = consumer.position([TopicPartition(topic, p) for p in range(partitions)])
             done |= {tp.partition for tp in positions if tp.offset >= ends[tp.partition]}

@@ -24,9 +24,12 @@ record without it is an event):
   partition with it early (where the steps it starts will report); no reader takes it.
 - ``positions`` (no key): ``writer NUL`` and, one per command topic, ``topic=offset`` lines: how
   far the partition's commands are applied, written by each transaction that moved them (the
-  transaction that holds those commands' effects). A processor's restore takes the last one;
-  the group's committed offsets follow them outside the transactions, later (for lag and for
-  finding the partition's last writer).
+  transaction that holds those commands' effects). Most of them are not records of their own:
+  the same value rides in header ``flowstream-positions`` of the last record the transaction
+  writes to the partition anyway (of any kind); a ``positions`` record is written only where
+  the transaction wrote nothing else. A processor's restore takes the last of either
+  (:func:`positions_of`); the group's committed offsets follow them outside the transactions,
+  later (for lag and for finding the partition's last writer).
 
 Readers of histories (restore, ``FlowClient``, ``flowstream audit``) take ``event`` records only and
 classify every record with :func:`kind_of`; a kind this release does not know is skipped, never
@@ -68,6 +71,7 @@ __all__ = [
     "ANCHOR_HEADERS",
     "EVENT_HEADERS",
     "OUTCOME_HEADERS",
+    "POSITIONS_HEADER",
     "POSITIONS_HEADERS",
     "REASON_HEADER",
     "RECORD_HEADER",
@@ -86,6 +90,7 @@ __all__ = [
     "log_bad_record",
     "outcome_value",
     "outcomes_of",
+    "positions_of",
     "positions_value",
     "split_hook_token",
     "split_inbox",
@@ -101,6 +106,8 @@ RECORD_HEADER = "flowstream-record"
 WRITER_HEADER = "flowstream-writer"
 #: Says why a parked (``inbox``) command waits.
 REASON_HEADER = "flowstream-reason"
+#: Carries a transaction's positions of the record's partition on the last record it wrote there.
+POSITIONS_HEADER = "flowstream-positions"
 
 
 class RecordKind(StrEnum):
@@ -286,6 +293,17 @@ def split_positions(value: bytes) -> tuple[str, dict[str, int]]:
         topic, offset = line.rsplit("=", 1)
         positions[topic] = int(offset)
     return writer, positions
+
+
+def positions_of(message: Any, kind: RecordKind | None) -> dict[str, int] | None:
+    """The positions a consumed record of the events topic of ``kind`` (:func:`kind_of`)
+    records, by command topic: a ``positions`` record's, or those in its
+    ``flowstream-positions`` header; ``None`` when it records none. ``ValueError`` for a value of
+    another shape."""
+    if kind is RecordKind.POSITIONS:
+        return split_positions(message.value() or b"")[1]
+    carried = header_of(message, POSITIONS_HEADER)
+    return None if carried is None else split_positions(carried)[1]
 
 
 #: Headers of an ``outcome`` record.

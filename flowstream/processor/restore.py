@@ -222,6 +222,13 @@ class StateRestorer:
         kind = wire.kind_of(message)
         value = message.value() or b""
         try:
+            recorded = wire.positions_of(message, kind)
+        except (UnicodeDecodeError, ValueError) as exc:
+            self._quarantine(task, message, exc)
+            recorded = None
+        if recorded is not None:
+            task.recorded.update(recorded)
+        try:
             if kind is wire.RecordKind.EVENT:
                 task.store.restore_event(value)
             elif kind is wire.RecordKind.INBOX:
@@ -235,8 +242,6 @@ class StateRestorer:
                 task.store.unpark(run_id, inbox_id)
             elif kind in hooktokens.RECORD_KINDS:
                 hooktokens.restore_record(task.store, kind, value)
-            elif kind is wire.RecordKind.POSITIONS:
-                task.recorded.update(wire.split_positions(value)[1])
         except Exception as exc:
             self._quarantine(task, message, exc)
 

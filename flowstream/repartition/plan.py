@@ -33,7 +33,7 @@ from flowstream.topology import (
     EVENTS,
     Topology,
 )
-from flowstream.wire import RecordKind, kind_of, split_positions
+from flowstream.wire import RecordKind, kind_of, positions_of
 
 __all__ = [
     "COPIED",
@@ -74,9 +74,9 @@ class MoveError(FlowError):
 def recorded_positions(
     bootstrap: str, topic: str, partitions: int, *, window: int = 2000
 ) -> dict[tuple[str, int], int]:
-    """The command positions of the last ``positions`` record of each partition of events
-    topic ``topic``, by (command topic, partition): read backwards from the end, ``window``
-    records at a time, until one is found."""
+    """The command positions each partition of events topic ``topic`` recorded last (a
+    ``positions`` record, or a record's ``flowstream-positions`` header), by (command topic,
+    partition): read backwards from the end, ``window`` records at a time, until found."""
     ends = offsets(bootstrap, [(topic, p) for p in range(partitions)], latest=True)
     starts = offsets(bootstrap, [(topic, p) for p in range(partitions)], latest=False)
     consumer = clients.new_consumer(bootstrap, f"{topic}-positions-reader")
@@ -93,8 +93,9 @@ def recorded_positions(
                     for message in consumer.consume(500, 0.5):
                         if message.error() is not None or (message.offset() or 0) >= end:
                             continue
-                        if kind_of(message) is RecordKind.POSITIONS:
-                            last = split_positions(message.value() or b"")[1]
+                        carried = positions_of(message, kind_of(message))
+                        if carried is not None:
+                            last = carried
                     at = consumer.position([clients.TopicPartition(topic, partition)])[0]
                     if at.offset >= end:
                         break

@@ -72,12 +72,17 @@ def copied_from(message: Any) -> tuple[str, int, int] | None:
         return None
 
 
+#: Headers a copy does not carry over: the one it adds, and the positions of the old command
+#: partitions (which mean nothing in the new topics, like a ``positions`` record).
+_NOT_COPIED = frozenset({COPIED_HEADER, wire.POSITIONS_HEADER})
+
+
 def original_headers(message: Any) -> list[tuple[str, bytes]]:
-    """A record's headers without the one a copy adds."""
+    """A record's headers without the one a copy adds and the positions it leaves behind."""
     return [
         (key, bytes(value) if value is not None else b"")
         for key, value in message.headers() or ()
-        if key != COPIED_HEADER
+        if key not in _NOT_COPIED
     ]
 
 

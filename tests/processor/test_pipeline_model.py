@@ -75,8 +75,17 @@ class World:
         self.async_error: str | None = None  # topic whose next record fails to be written
         self.gone: set[int] = set()
         self.commits = 0
-        #: The positions committed ``positions`` records hold, by partition.
+        #: The positions committed records hold (``positions`` records or headers), by partition.
         self.recorded: dict[int, int] = {}
+
+
+def _positions(value: bytes, headers: Any) -> bytes | None:
+    """The positions value a produced record carries: a ``positions`` record's value, or its
+    ``flowstream-positions`` header."""
+    if headers == wire.POSITIONS_HEADERS:
+        return value
+    found = [v for k, v in headers or () if k == wire.POSITIONS_HEADER]
+    return found[-1] if found else None
 
 
 class FakeProducer:
@@ -116,7 +125,7 @@ class FakeProducer:
         self._fatal()
         if self.txn is None:
             raise Violation("produce outside a transaction")
-        if headers == wire.POSITIONS_HEADERS and partition in self.world.gone:
+        if _positions(value, headers) is not None and partition in self.world.gone:
             raise Violation(f"positions recorded for partition {partition}, no longer owned")
         if self.overtaken:
             raise Violation(f"transaction {self.txn} produced after a later one did")
@@ -165,7 +174,9 @@ class FakeProducer:
         if self.refused_events:
             raise Violation(f"transaction {self.txn} committed after a produce error")
         positions = [
-            (p, v) for _, p, v, headers in self.written if headers == wire.POSITIONS_HEADERS
+            (p, carried)
+            for _, p, v, headers in self.written
+            if (carried := _positions(v, headers)) is not None
         ]
         gone = {p for p, _ in positions} & self.world.gone
         if gone:
@@ -177,9 +188,17 @@ class FakeProducer:
         recorded = self.world.recorded
         for partition, value in positions:
             recorded[partition] = wire.split_positions(value)[1]["cmd"]
+        last: dict[int, int] = {}
         for topic, partition, value, headers in self.written:
-            if topic == EVENTS and headers is None:  # an event: "<command position>/<n>"
-                applied = int(value.split(b"/")[0])
+            bookkeeping = headers in (wire.POSITIONS_HEADERS, wire.ANCHOR_HEADERS)
+            if topic == EVENTS and not bookkeeping:  # an event: "<command position>/<n>"
+                applied, number = (int(part) for part in value.split(b"/"))
+                if number < last.get(partition, -1):
+                    raise Violation(
+                        f"transaction {self.txn} wrote event {number} of partition {partition} "
+                        f"after event {last[partition]}, produced later"
+                    )
+                last[partition] = number
                 if recorded.get(partition, 0) < applied:
                     raise Violation(
                         f"transaction {self.txn} committed the effects of command {applied} of "

@@ -50,11 +50,8 @@ def _positions_records(cluster: Cluster) -> int:
             for message in consumer.consume(500, 1.0):
                 if message.error() is not None:
                     ends.add(message.partition())
-                elif wire.kind_of(message) is wire.RecordKind.POSITIONS:
-                    writer, positions = wire.split_positions(message.value())
-                    assert writer and set(positions) <= {
-                        f"{cluster.prefix}.{name}" for name in COMMAND_TOPICS
-                    }
+                elif (recorded := wire.positions_of(message, wire.kind_of(message))) is not None:
+                    assert set(recorded) <= {f"{cluster.prefix}.{name}" for name in COMMAND_TOPICS}
                     found += 1
     finally:
         consumer.close()

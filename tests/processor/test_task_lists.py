@@ -22,7 +22,8 @@ from flowstream.processor.engine import PartitionEngine
 from flowstream.processor.metrics import ProcessorMetrics
 from flowstream.processor.sweeps import Sweeper
 from flowstream.processor.tasks import PartitionTask, TaskManager
-from flowstream.processor.txn.pipeline import TransactionPipeline
+from flowstream.processor.txn.pipeline import POSITIONS, TransactionPipeline
+from flowstream.processor.txn.slot import Record
 from flowstream.stores.partition import PartitionStore
 from flowstream.topology import CMD_CANCEL, CMD_HOOK, CMD_SIGNAL, CMD_START, CMD_TIMER
 from tests.support import FakeClock, make_runtime, spec
@@ -204,18 +205,14 @@ def test_the_positions_list_is_the_same_object_until_something_moves(tasks: Task
     assert manager.positions() is not rewound and _positions(manager) == {("t.cmd.start", 0, 5)}
 
 
-def test_a_seal_records_the_positions_of_the_partitions_they_moved_only() -> None:
-    """A ``positions`` record goes to each events partition whose command positions differ from
-    those a transaction recorded last, with every command topic of it; the same list is one
-    identity test, an equal new list records nothing, and after an abort everything again."""
+def _tps(**offsets: int) -> list[Any]:
+    return [
+        clients.TopicPartition(f"t.cmd.{name[0]}", int(name[1:]), o) for name, o in offsets.items()
+    ]
 
-    def tps(**offsets: int) -> list[Any]:
-        return [
-            clients.TopicPartition(f"t.cmd.{name[0]}", int(name[1:]), o)
-            for name, o in offsets.items()
-        ]
 
-    pipeline = TransactionPipeline(
+def _pipeline() -> TransactionPipeline:
+    return TransactionPipeline(
         SimpleNamespace(),
         lambda slot: None,
         stuck_s=1.0,
@@ -224,20 +221,66 @@ def test_a_seal_records_the_positions_of_the_partitions_they_moved_only() -> Non
         lanes=(object(), object()),
     )
 
+
+def _sealed(pipeline: TransactionPipeline, offsets: list[Any], writer: str) -> list[Any]:
+    records: list[Any] = []
+    pipeline._record_positions(records, offsets, writer)
+    return records
+
+
+def test_a_seal_records_the_positions_of_the_partitions_they_moved_only() -> None:
+    """A ``positions`` record goes to each events partition whose command positions differ from
+    those a transaction recorded last (when it wrote nothing else there), with every command
+    topic of it; the same list is one identity test, an equal new list records nothing, and after
+    an abort everything again."""
+    pipeline = _pipeline()
+
     def recorded(records: list[Any]) -> dict[int, tuple[str, dict[str, int]]]:
         assert all(r.topic == "t.events" and r.headers == wire.POSITIONS_HEADERS for r in records)
         return {r.partition: wire.split_positions(r.value) for r in records}
 
-    first = tps(s0=5, h0=1, s1=7, h1=0)
-    assert recorded(pipeline._position_records(first, "w/1")) == {
+    first = _tps(s0=5, h0=1, s1=7, h1=0)
+    assert recorded(_sealed(pipeline, first, "w/1")) == {
         0: ("w/1", {"t.cmd.s": 5, "t.cmd.h": 1}),
         1: ("w/1", {"t.cmd.s": 7, "t.cmd.h": 0}),
     }
-    assert pipeline._position_records(first, "w/1") == []
-    assert pipeline._position_records(tps(s0=5, h0=1, s1=7, h1=0), "w/1") == []
-    moved = tps(s0=5, h0=1, s1=8, h1=0)
-    assert recorded(pipeline._position_records(moved, "w/1")) == {
-        1: ("w/1", {"t.cmd.s": 8, "t.cmd.h": 0})
-    }
+    assert _sealed(pipeline, first, "w/1") == []
+    assert _sealed(pipeline, _tps(s0=5, h0=1, s1=7, h1=0), "w/1") == []
+    moved = _tps(s0=5, h0=1, s1=8, h1=0)
+    assert recorded(_sealed(pipeline, moved, "w/1")) == {1: ("w/1", {"t.cmd.s": 8, "t.cmd.h": 0})}
     pipeline.forget_positions()  # an abort: what was recorded may be gone
-    assert set(recorded(pipeline._position_records(moved, "w/2"))) == {0, 1}
+    assert set(recorded(_sealed(pipeline, moved, "w/2"))) == {0, 1}
+
+
+def test_the_positions_ride_on_the_last_record_the_transaction_writes_to_the_partition() -> None:
+    """Where the transaction writes to the events partition anyway, its positions are a header of
+    the last such record (never of a record that may be left out or replaced by its fallback,
+    nor of another topic's): no record of their own."""
+    pipeline = _pipeline()
+    event = wire.event_headers("w/1")
+    records = [
+        Record("t.events", 0, b"r1", b"\xc3\x01a", event),
+        Record("t.events", 0, b"r1", b"\xc3\x01b", event),
+        Record("t.deadletter", 1, b"", b"bad"),
+        Record("t.events", 1, b"r2", b"\xc3\x01c", event),
+        Record("t.events", 1, b"", b"dead", None, fallback=Record("t.events", 1, b"", b"")),
+        Record("t.events", 1, b"", b"drop", None, droppable=True),
+    ]
+    pipeline._record_positions(records, _tps(s0=5, s1=7, s2=9), "w/1")
+
+    def carried(record: Any) -> dict[str, int] | None:
+        found = [v for k, v in record.headers or () if k == wire.POSITIONS_HEADER]
+        return wire.split_positions(found[0])[1] if found else None
+
+    assert [carried(r) for r in records[:6]] == [
+        None,
+        {"t.cmd.s": 5},
+        None,
+        {"t.cmd.s": 7},
+        None,
+        None,
+    ]
+    assert records[1].headers[: len(event)] == event  # its own headers are kept, in order
+    assert records[6:] == [
+        Record("t.events", 2, b"", wire.positions_value("w/1", {"t.cmd.s": 9}), POSITIONS)
+    ]

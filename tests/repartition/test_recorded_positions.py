@@ -1,8 +1,8 @@
 """A move forwards the commands the old processors had not applied: the later of the group's
-positions and those the old events partitions recorded last (``positions`` records, committed
-with the commands' effects; the group's offsets follow outside the transactions and lag when a
-processor dies). Against the real broker: the last record of each partition is found reading
-backwards, past other records and an aborted transaction."""
+positions and those the old events partitions recorded last (``positions`` records or headers,
+committed with the commands' effects; the group's offsets follow outside the transactions and
+lag when a processor dies). Against the real broker: the last record of each partition is found
+reading backwards, past other records and an aborted transaction."""
 
 from __future__ import annotations
 
@@ -43,6 +43,11 @@ def test_the_last_positions_record_of_each_partition_is_found(kafka_bootstrap: s
     transaction([(0, *other)] * 7)  # more than a window after it
     transaction([positions(40)], commit=False)  # aborted: not what was applied
     transaction([(2, *other)] * 3)  # a partition that recorded nothing
+    # Positions that ride on a record the transaction wrote anyway, as its header: later than
+    # partition 1's record, and partition 3's only ones, followed by a record without.
+    value, headers = other
+    carried = [*headers, (wire.POSITIONS_HEADER, wire.positions_value("w/1", {start: 6}))]
+    transaction([(1, value, carried), (3, value, carried), (3, *other)])
 
     found = recorded_positions(kafka_bootstrap, events, 8, window=3)
-    assert found == {(start, 0): 9, (start, 1): 2}
+    assert found == {(start, 0): 9, (start, 1): 6, (start, 3): 6}

@@ -12,10 +12,16 @@ Each transaction is a :class:`Txn` whose state moves only along :data:`TRANSITIO
   records are written. Its records wait in memory.
 * **OPEN**: the gate call went through, and the transaction before it (if one commits) has
   written its records (``precommit``): records are produced directly.
-* **SEALED**: nothing more joins it. Its lane produces what was held back and a ``positions``
-  record on each events partition whose command positions it moved, waits until every record is
+* **SEALED**: nothing more joins it. Its lane produces what was held back, with the positions
+  of each events partition whose command positions it moved, waits until every record is
   written (``precommit``), checks that no record failed, and commits. At most one transaction is
   sealed at a time.
+
+The positions travel on the last record the transaction writes to the partition anyway: each
+OPEN transaction holds back the last record of each events partition (``Txn.tails``; the one
+before goes out as the next arrives), and the seal adds the partition's positions to it as a
+``flowstream-positions`` header. Only a partition it moved without writing to gets a record of
+kind ``positions`` of its own. (A record apiece was a fifth of the events topic's records.)
 
 The positions are records of the transaction, not offsets sent to the group's coordinator
 (``send_offsets_to_transaction``): a transaction then involves only its own coordinator and the
@@ -108,6 +114,7 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
         self.slots = (ProducerSlot(0, lanes and lanes[0]), ProducerSlot(1, lanes and lanes[1]))
         for slot in self.slots:
             slot.events_topic = events_topic
+        self._events_topic = events_topic
         #: The slot the next open transaction begins on (never the sealed one's).
         self._slot = self.slots[0]
         self.open: Txn | None = None
@@ -153,7 +160,7 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
         """Produce ``record`` in the open transaction, or hold it until the fence went through."""
         txn = self.begin()
         if txn.state is TxnState.OPEN:
-            txn.slot.send(record)
+            self._send(txn, record)
         else:
             txn.deferred.append(record)
 
@@ -161,11 +168,22 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
         """``produce`` each of ``records``, in order (one append's events)."""
         txn = self.begin()
         if txn.state is TxnState.OPEN:
-            send = txn.slot.send
             for record in records:
-                send(record)
+                self._send(txn, record)
         else:
             txn.deferred.extend(records)
+
+    def _send(self, txn: Txn, record: Record) -> None:
+        """Produce ``record`` in the OPEN ``txn``; a record of the events topic is held back in
+        its partition's tail, and the one it replaces goes out."""
+        if record.topic == self._events_topic:
+            tails = txn.tails
+            held = tails.get(record.partition)
+            tails[record.partition] = record
+            if held is None:
+                return
+            record = held
+        txn.slot.send(record)
 
     def _begin_on_kafka(self, anchors: list[int] | None = None) -> Txn:
         """Begin a transaction on the open slot and queue its gate call on its lane, after the
@@ -242,11 +260,35 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
         if slot.error is not None and is_fatal(slot.error):
             raise clients.KafkaException(slot.error)
 
-    def _position_records(self, offsets: list[Any], writer: str) -> list[Record]:
-        """A ``positions`` record for each partition of ``offsets`` whose positions differ from
-        those last recorded (the seal's: recorded from then on)."""
+    def _record_positions(self, records: list[Record], offsets: list[Any], writer: str) -> None:
+        """Write the positions of each partition of ``offsets`` that differ from those last
+        recorded (the seal's: recorded from then on) onto the last of ``records`` (what the
+        transaction has left to produce) on its events partition; a partition without one gets
+        a ``positions`` record. A record with a fallback or one that may be left out carries
+        none: the positions must commit with the transaction."""
+        moved = self._moved(offsets)
+        if not moved:
+            return
+        topic = self._events_topic
+        last: dict[int, int] = {}
+        for index, record in enumerate(records):
+            if record.topic == topic and record.fallback is None and not record.droppable:
+                last[record.partition] = index
+        for partition, positions in moved.items():
+            value = wire.positions_value(writer, positions)
+            at = last.get(partition)
+            if at is None:
+                records.append(Record(topic, partition, b"", value, POSITIONS))
+                continue
+            record = records[at]
+            headers = [*(record.headers or ()), (wire.POSITIONS_HEADER, value)]
+            records[at] = record._replace(headers=headers)
+
+    def _moved(self, offsets: list[Any]) -> dict[int, dict[str, int]]:
+        """The positions of each partition of ``offsets`` where any differs from those last
+        recorded, by command topic; recorded from then on."""
         if offsets is self._recorded_list:
-            return []
+            return {}
         recorded = self._recorded
         moved: dict[int, dict[str, int]] = {}
         for tp in offsets:
@@ -255,16 +297,11 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
                 recorded[key] = tp.offset
                 moved.setdefault(tp.partition, {})
         self._recorded_list = offsets
-        if not moved:
-            return []
-        for tp in offsets:
-            if tp.partition in moved:
-                moved[tp.partition][tp.topic] = tp.offset
-        topic = self.slots[0].events_topic
-        return [
-            Record(topic, partition, b"", wire.positions_value(writer, positions), POSITIONS)
-            for partition, positions in moved.items()
-        ]
+        if moved:
+            for tp in offsets:
+                if tp.partition in moved:
+                    moved[tp.partition][tp.topic] = tp.offset
+        return moved
 
     def release(self) -> None:
         """Once the open transaction's fence went through (and so the sealed one's records
@@ -275,7 +312,7 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
         txn.move(TxnState.OPEN)
         records, txn.deferred = txn.deferred, []
         for record in records:
-            txn.slot.send(record)
+            self._send(txn, record)
 
     def _gate_open(self, txn: Txn) -> bool:
         fence = txn.fence
@@ -326,7 +363,9 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
             self._fence(txn, [], after=None)  # begun while nothing was owned
         self.release()
         records, txn.deferred = txn.deferred, []
-        records.extend(self._position_records(offsets, txn.slot.writer))
+        records.extend(txn.tails.values())
+        txn.tails = {}
+        self._record_positions(records, offsets, txn.slot.writer)
         txn.sealed = self.host.seal()
         eager = txn.decided and reopen
         txn.move(TxnState.SEALED)
@@ -360,7 +399,7 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
         records: list[Record],
     ) -> None:
         """In the slot's lane: check the gate call, produce what was held back (with the
-        positions records), wait until every record is written, check none failed, commit."""
+        positions), wait until every record is written, check none failed, commit."""
         slot = txn.slot
         producer = slot.producer
         precommit = txn.precommit

@@ -43,6 +43,10 @@ class Txn:
     #: produced once it returned.
     fence: Future[None] | None = None
     deferred: list[Record] = field(default_factory=list)
+    #: The last record produced to each events partition, held back (``produce`` is not yet
+    #: called) until the next one there or the seal, which writes the partition's positions
+    #: onto it.
+    tails: dict[int, Record] = field(default_factory=dict)
     #: Decisions were taken in it (it was not only begun ahead of them).
     decided: bool = False
     began: float = 0.0
