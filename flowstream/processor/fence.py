@@ -82,14 +82,21 @@ class OwnerFence:
         found = self._reader.committed(wanted, timeout=5)
         return {tp.metadata for tp in found if tp.metadata and tp.metadata not in self.mine}
 
-    def fence(self, assigned: list[Any]) -> None:
-        """Abort what the previous writers of ``assigned`` left open; never raises."""
-        began = time.monotonic()
+    def writers_of(self, assigned: list[Any]) -> set[str]:
+        """:meth:`previous_writers`, or none when they cannot be read (a shortcut only: the
+        coordinator's timeout still ends what they left open); never raises."""
         try:
-            writers = self.previous_writers(assigned)
-        except clients.KafkaException as exc:  # a shortcut only: the timeout still applies
+            return self.previous_writers(assigned)
+        except clients.KafkaException as exc:
             LOG.info("previous writers not read (%s): not fenced", exc)
-            return
+            return set()
+
+    def fence(self, assigned: list[Any], writers: set[str] | None = None) -> None:
+        """Abort what the previous writers of ``assigned`` (``writers``, read before the
+        member's claim replaced them; else read now) left open; never raises."""
+        began = time.monotonic()
+        if writers is None:
+            writers = self.writers_of(assigned)
         if not writers:
             return
         group = self.ctx.settings.group

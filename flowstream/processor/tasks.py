@@ -104,6 +104,22 @@ POSITIONS_TIMEOUT_S = 5.0
 #: Reads that time out are asked again for this long before the error is raised.
 POSITIONS_PATIENCE_S = 300.0
 
+#: What a group answers a commit of a member it no longer counts (its session ran out while it
+#: was stopped or cut off, or a newer generation or member epoch replaced it). Asking again
+#: cannot help: the member must rejoin, which its consumer does once the loop polls again and
+#: hands the lost partitions over to the rebalance callbacks.
+_NOT_A_MEMBER = frozenset(
+    {
+        clients.KafkaError.UNKNOWN_MEMBER_ID,
+        clients.KafkaError.ILLEGAL_GENERATION,
+        clients.KafkaError.FENCED_MEMBER_EPOCH,
+    }
+)
+
+
+class NotAMember(Exception):
+    """The group refused a claim: this member is no longer in it."""
+
 
 def committed_positions(
     consumer: Any,
@@ -265,8 +281,14 @@ class TaskManager:
         # others on the coordinators (a failover waits on both).
         opening = _Opening(self, sorted({tp.partition for tp in assigned}))
         try:
-            if self.fence is not None:
-                self.fence.fence(assigned)  # else committed() waits for a dead owner's timeout
+            # A new assignment fences the previous writers first: committed() waits for the
+            # offsets an open transaction of a writer of an earlier release holds pending. Taken
+            # again (``seek``), it fences them only once the group accepted the claim: a zombie
+            # resumed after its session ran out (refused) must not fence the owner it finds.
+            writers = set() if self.fence is None else self.fence.writers_of(assigned)
+            if self.fence is not None and not seek:
+                self.fence.fence(assigned, writers)
+                writers = set()
             committed = committed_positions(consumer, assigned, fresh=self.new_reader)
             by_partition: dict[int, dict[str, int]] = {}
             for tp in committed:
@@ -292,7 +314,14 @@ class TaskManager:
                 for partition, positions in by_partition.items()
                 for topic, position in positions.items()
             ]
-            self.claim(at)
+            try:
+                self.claim(at)
+            except NotAMember as exc:
+                self._not_taken(assigned, at, seek, exc)
+                opening.discard()
+                return
+            if self.fence is not None and writers:
+                self.fence.fence(assigned, writers)
             if seek:
                 for tp in at:
                     consumer.seek(tp)
@@ -312,13 +341,27 @@ class TaskManager:
             task.restore_began = task.last_progress = time.monotonic()
             self.own(task)
 
+    def _not_taken(self, assigned: list[Any], at: list[Any], seek: bool, exc: Exception) -> None:
+        """The claim of ``at`` was refused (:class:`NotAMember`): own none of it, and keep it
+        paused in the consumer (a new assignment is assigned paused), so no command is read
+        until the rebalance that follows takes it away and hands it out again."""
+        LOG.warning(
+            "partitions %s not taken: this member is no longer in the group (%s); it rejoins",
+            sorted({tp.partition for tp in assigned}),
+            exc,
+        )
+        if not seek:
+            (self.consumer.incremental_assign if self.incremental else self.consumer.assign)(at)
+            self.consumer.pause(at)
+
     def claim(self, at: list[Any]) -> None:
         """Commit positions ``at`` to the group under this member's writer id before any of its
         transactions writes their partitions. The next owner fences the writer it finds there
         (``OwnerFence``), so an owner that loses the partitions without knowing (paused, cut
         off) can commit nothing after the next owner read them. The group checks the member's
-        generation: a member that is no longer in it cannot claim. Asked again while the
-        coordinator does not answer (it may be moving)."""
+        generation: a member that is no longer in it cannot claim (:class:`NotAMember`, at
+        once: a resumed zombie asked again every 0.5 s for 300 s and never rejoined). Asked
+        again while the coordinator does not answer (it may be moving)."""
         writer = self.ctx.writer
         named = [
             clients.TopicPartition(tp.topic, tp.partition, tp.offset, metadata=writer) for tp in at
@@ -329,6 +372,8 @@ class TaskManager:
                 self.consumer.commit(offsets=named, asynchronous=False)
                 return
             except clients.KafkaException as exc:
+                if exc.args[0].code() in _NOT_A_MEMBER:
+                    raise NotAMember(str(exc.args[0])) from exc
                 if exc.args[0].fatal() or time.monotonic() > deadline:
                     raise
                 LOG.warning(
