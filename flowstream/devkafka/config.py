@@ -123,14 +123,6 @@ def server_properties(node: NodeSpec, nodes: Sequence[NodeSpec], data_dir: Path)
         ("transaction.state.log.segment.bytes", 1024 * 1024),
         ("log.cleaner.backoff.ms", 1000),
     ]
-    if replicas > 1:
-        # Leaders go back to their preferred replicas 30 s after an imbalance rather than 300 s:
-        # a broker back from a SIGKILL leads nothing until then, and the brokers that stayed
-        # gather the leaders of every partition, the internal topics' too (the transaction and
-        # group coordinators). Killing one of those moved six of eight events partitions and
-        # most coordinators at once: in four chaos runs that kill stalled the other partitions
-        # 5.6-8.6 s where the others took 2.2-4.7 s.
-        settings.append(("leader.imbalance.check.interval.seconds", 30))
     if len(voting) > 1:
         # A killed node that was the active controller: the others stand for election after
         # 1 s without news from it (default 2 s) and within 0.5 s more (default 1 s); the new
