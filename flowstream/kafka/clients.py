@@ -114,13 +114,14 @@ TRANSACTIONAL_PRODUCER_DEFAULTS: Mapping[str, Any] = {
     # between attempts to reach it: a producer learnt its new coordinator seconds after the
     # controller had moved it. Try at least once a second.
     "reconnect.backoff.max.ms": 1000,
-    # A send of positions begun once the group's coordinator has died and left the metadata
-    # waits for some connection of this producer to go up or down before it looks the
-    # coordinator up again (librdkafka issue 5511), and ignores its timeout (5456): at a
-    # broker SIGKILL it waited until the next broker failure. A connection idle for a second
-    # is closed, which is such a change: the send finds the new coordinator within about a
-    # second (tests/kafka/test_coordinator_gone.py). The cost: an idle worker's connections
-    # are made again when work comes (a connection on loopback takes under a millisecond).
+    # A request to a coordinator that died and left the metadata waits for some connection
+    # of this producer to go up or down before it looks the coordinator up again (librdkafka
+    # issue 5511), and may ignore its timeout (5456): a send of positions to the group's
+    # coordinator, which the processor made until session AC, once waited until the next
+    # broker failure. A connection idle for a second is closed, which is such a change: the
+    # request finds the new coordinator within about a second
+    # (tests/kafka/test_coordinator_gone.py). The cost: an idle worker's connections are made
+    # again when work comes (a connection on loopback takes under a millisecond).
     "connections.max.idle.ms": 1000,
 }
 
