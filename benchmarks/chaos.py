@@ -492,14 +492,9 @@ def _remove_earlier_runs(bootstrap: str) -> None:
     take over the leaders of all of them (188 per fence after three runs)."""
     admin = clients.new_admin(bootstrap)
     names = [name for name in admin.list_topics(timeout=30).topics if name.startswith("chaos-")]
-    if not names:
-        return
-    for name, future in admin.delete_topics(names, operation_timeout=30).items():
-        try:
-            future.result(timeout=60)
-        except Exception as error:  # a leftover topic is reported, not fatal
-            print(f"chaos: topic {name} of an earlier run not deleted: {error}", flush=True)
-    print(f"chaos: deleted {len(names)} topics of earlier runs", flush=True)
+    if names:
+        harness.delete_topics(names, bootstrap)
+        print(f"chaos: deleted {len(names)} topics of earlier runs", flush=True)
 
 
 def run_chaos(cluster: Cluster, options: ChaosOptions, root: Path) -> ChaosResult:

@@ -103,12 +103,18 @@ def remove_pass(prefix: str, state_root: Path, bootstrap: str = BOOTSTRAP) -> No
     topics (a broker home with tens of thousands of them starts slowly, then not at all) and the
     temp dir does not pile up stores."""
     shutil.rmtree(state_root, ignore_errors=True)
-    names = list(load_topology().names(prefix).values())
+    delete_topics(list(load_topology().names(prefix).values()), bootstrap)
+
+
+def delete_topics(names: list[str], bootstrap: str = BOOTSTRAP) -> None:
+    """Delete topics ``names``; one left over is reported, not fatal."""
+    if not names:
+        return
     admin = clients.new_admin(bootstrap)
     for name, future in admin.delete_topics(names, operation_timeout=30).items():
         try:
             future.result(timeout=60)
-        except Exception as error:  # a leftover topic is reported, not fatal
+        except Exception as error:
             print(f"topic {name} not deleted: {error}", file=sys.stderr)
 
 

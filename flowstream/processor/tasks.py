@@ -326,9 +326,7 @@ class TaskManager:
                 for tp in at:
                     consumer.seek(tp)
             else:
-                # The consumer protocol hands assignments out as changes only.
-                (consumer.incremental_assign if self.incremental else consumer.assign)(at)
-                consumer.pause(at)
+                self._assign_paused(at)
             opened = opening.result()
         except BaseException:
             opening.discard()
@@ -351,8 +349,12 @@ class TaskManager:
             exc,
         )
         if not seek:
-            (self.consumer.incremental_assign if self.incremental else self.consumer.assign)(at)
-            self.consumer.pause(at)
+            self._assign_paused(at)
+
+    def _assign_paused(self, at: list[Any]) -> None:
+        # The consumer protocol hands assignments out as changes only.
+        (self.consumer.incremental_assign if self.incremental else self.consumer.assign)(at)
+        self.consumer.pause(at)
 
     def claim(self, at: list[Any]) -> None:
         """Commit positions ``at`` to the group under this member's writer id before any of its
