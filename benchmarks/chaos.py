@@ -211,10 +211,25 @@ class _Driver:
         #: Brokers killed and not yet back (a restart in progress counts as down).
         self._brokers_down: set[int] = set()
         self.follow: Follow | None = None
-        self.host = HostWatch()
+        self._nodes_seen: tuple[float, dict[int, int | None]] = (0.0, {})
+        self.host = HostWatch(self._processes)
         self._pending_signals: dict[str, Callable[[], None]] = {}
         self._pending_hooks: set[str] = set()
         self._probes = 0
+
+    def _processes(self) -> dict[str, int]:
+        """The processes whose CPU a broker kill's report divides: brokers, workers, driver."""
+        now = time.monotonic()
+        if now - self._nodes_seen[0] > 1.0:  # reading each node's pid file costs a little
+            self._nodes_seen = (now, {s.node.node_id: s.pid for s in self.cluster.status()})
+        found = {"driver": os.getpid()}
+        for node_id, pid in self._nodes_seen[1].items():
+            if pid is not None:
+                found[f"node-{node_id}"] = pid
+        for name, worker in list(self.workers.procs.items()):
+            if self.workers.state.get(name) != "down":
+                found[name] = worker.pid
+        return found
 
     # -- the schedule ---------------------------------------------------------------------
 

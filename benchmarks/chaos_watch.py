@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import os
 import re
 import statistics
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -256,8 +258,11 @@ class HostWatch:
 
     _EVERY_S = 0.1
 
-    def __init__(self) -> None:
+    def __init__(self, processes: Callable[[], dict[str, int]] | None = None) -> None:
         self.samples: list[tuple[float, float, int, int, int]] = []
+        #: CPU seconds each watched process (name and pid) had used, at each sample's time.
+        self.cpu: list[tuple[float, dict[tuple[str, int], float]]] = []
+        self._processes = processes
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, name="host-watch", daemon=True)
         self._thread.start()
@@ -271,26 +276,56 @@ class HostWatch:
             expected = now
             cpu = _pressure("cpu", "some")
             self.samples.append((now, late, cpu, _pressure("io", "some"), _pressure("io", "full")))
+            if self._processes is not None:
+                used = {(n, pid): _cpu_seconds(pid) for n, pid in self._processes().items()}
+                self.cpu.append((now, {key: s for key, s in used.items() if s >= 0}))
 
-    def window(self, since: float, until: float) -> dict[str, float | None]:
-        """Between ``since`` and ``until`` (monotonic): the latest wake-up, and the seconds of
-        CPU and IO pressure (``None`` without ``/proc/pressure``)."""
+    def window(self, since: float, until: float) -> dict[str, Any]:
+        """Between ``since`` and ``until`` (monotonic): the latest wake-up, the seconds of CPU
+        and IO pressure (``None`` without ``/proc/pressure``), and the CPU seconds of each
+        watched process (``cpu_s``)."""
         inside = [s for s in self.samples if since <= s[0] <= until]
         if len(inside) < 2:
             return {"late_max_s": None}
         first, last = inside[0], inside[-1]
-        figures: dict[str, float | None] = {
+        figures: dict[str, Any] = {
             "late_max_s": round(max(s[1] for s in inside), 2),
             "span_s": round(last[0] - first[0], 2),
         }
         for index, name in ((2, "cpu_some_s"), (3, "io_some_s"), (4, "io_full_s")):
             valid = first[index] >= 0 and last[index] >= 0
             figures[name] = round((last[index] - first[index]) / 1e6, 2) if valid else None
+        figures["cpu_s"] = self._cpu_by_process(since, until)
         return figures
+
+    def _cpu_by_process(self, since: float, until: float) -> dict[str, float]:
+        """CPU seconds each watched process used between ``since`` and ``until``, busiest first
+        (a process restarted in between counts from its first sample)."""
+        inside = [used for at, used in self.cpu if since <= at <= until]
+        if len(inside) < 2:
+            return {}
+        spent: dict[str, float] = {}
+        for (name, pid), last in inside[-1].items():
+            first = next((used[(name, pid)] for used in inside if (name, pid) in used), last)
+            spent[name] = spent.get(name, 0.0) + last - first
+        return {n: round(s, 2) for n, s in sorted(spent.items(), key=lambda kv: -kv[1]) if s > 0}
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(2)
+
+
+_TICKS_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds process ``pid`` has used (its threads included); -1 if gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return -1.0
+    # After the name: state is field 3 of stat(5), utime 14 and stime 15.
+    return (int(fields[11]) + int(fields[12])) / _TICKS_S
 
 
 def _pressure(resource: str, line: str) -> int:

@@ -76,6 +76,20 @@ LOG = logging.getLogger("flowstream.processor")
 
 POSITIONS = wire.POSITIONS_HEADERS
 
+#: A commit that takes longer than this logs where it waited (the gate, the records, the commit).
+SLOW_COMMIT_S = 1.0
+
+
+def _report_slow(number: int, stamps: tuple[float, float, float, float]) -> None:
+    """Where a commit slower than ``SLOW_COMMIT_S`` since its seal waited: for the gate (the
+    lane included), its records, or the commit itself (a broker's failure shows in one)."""
+    sealed, gated, written, done = stamps
+    if done - sealed > SLOW_COMMIT_S:
+        LOG.info(
+            "transaction %d: gate %.2f s, records written %.2f s, committed %.2f s",
+            *(number, gated - sealed, written - gated, done - written),
+        )
+
 
 def _tell_when_open(txn: Txn, precommit: Future[None], on_done: Callable[[Any], None]) -> None:
     """``on_done`` as the promoted ``txn`` may open: once the sealed one's records are written
@@ -371,13 +385,13 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
         txn.move(TxnState.SEALED)
         txn.precommit = Future()
         fence, txn.fence = txn.fence, None
+        self._began_commit = self._clock()
         txn.commit = txn.slot.lane.submit(self._commit_blocking, txn, fence, records)
         if self.on_done is not None:
             txn.commit.add_done_callback(self.on_done)
         self.sealed = txn
         self.open = None
         self._slot = self._other(txn.slot)
-        self._began_commit = self._clock()
         anchors = self.host.anchors(txn.sealed) if eager else []
         spare, self.spare = self.spare, None
         if spare is not None:
@@ -411,6 +425,7 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
                 raise Abort("the transaction went through no gate")
             if fence.exception() is not None:
                 raise fence.exception()  # type: ignore[misc]
+            gated = self._clock()
             for record in records:
                 slot.send(record)
             if producer.flush(30):
@@ -423,8 +438,10 @@ class TransactionPipeline(PipelineRecovery, PipelineView):
             precommit.set_exception(Abort(f"the transaction before it failed: {exc}"))
             raise
         precommit.set_result(None)
+        written = self._clock()
         retrying(lambda: producer.commit_transaction(30))
         slot.begun = False
+        _report_slow(txn.number, (self._began_commit, gated, written, self._clock()))
         producer.poll(0)
         if slot.error is not None:
             raise InDoubt(f"committed, then a delivery report said: {slot.error}")
