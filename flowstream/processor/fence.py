@@ -48,6 +48,20 @@ _FENCE_S = 10.0
 #: 120 ms apart in about 0.5 s (the first attempt's own retry).
 _ATTEMPTS = 8
 _STAGGER_S = 0.04
+#: A group coordinator that is moving (a broker died, or leaders went back to their preferred
+#: brokers) answers the read of the previous writers with one of these at once, and librdkafka
+#: does not ask again: the read is asked again for this long. Given up, the dead writer's open
+#: transaction held a partition's restore until the coordinator's timeout (10.46 s in a chaos
+#: run, against 2-3 s for the other partitions).
+_MOVING = frozenset(
+    {
+        clients.KafkaError.NOT_COORDINATOR,
+        clients.KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        clients.KafkaError.COORDINATOR_NOT_AVAILABLE,
+    }
+)
+_READ_PATIENCE_S = 5.0
+_READ_AGAIN_S = 0.1
 
 
 class OwnerFence:
@@ -74,12 +88,20 @@ class OwnerFence:
 
     def previous_writers(self, assigned: list[Any]) -> set[str]:
         """The writers of the last committed positions of ``assigned`` that are not this
-        member's."""
+        member's (asked again while the group's coordinator moves)."""
         if self._reader is None:
             self._reader = self._new_reader()
         self.mine.add(self.ctx.writer)
         wanted = [clients.TopicPartition(tp.topic, tp.partition) for tp in assigned]
-        found = self._reader.committed(wanted, timeout=5)
+        deadline = time.monotonic() + _READ_PATIENCE_S
+        while True:
+            try:
+                found = self._reader.committed(wanted, timeout=5)
+                break
+            except clients.KafkaException as exc:
+                if exc.args[0].code() not in _MOVING or time.monotonic() > deadline:
+                    raise
+                time.sleep(_READ_AGAIN_S)
         return {tp.metadata for tp in found if tp.metadata and tp.metadata not in self.mine}
 
     def writers_of(self, assigned: list[Any]) -> set[str]:
