@@ -23,8 +23,12 @@ LOG = logging.getLogger("flowstream.processor")
 
 
 def debug_config(settings: Settings) -> dict[str, str]:
-    """librdkafka's ``debug`` setting, when some contexts were asked for."""
-    return {"debug": settings.kafka_debug} if settings.kafka_debug else {}
+    """librdkafka's ``debug`` setting, when some contexts were asked for. Their lines come at
+    DEBUG level: asked for, they are logged whatever the level of the others."""
+    if not settings.kafka_debug:
+        return {}
+    clients.LOGGER.setLevel(logging.DEBUG)
+    return {"debug": settings.kafka_debug}
 
 
 def client_id(settings: Settings) -> str:
