@@ -57,6 +57,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 __all__ = [
     "CONSUMER_DEFAULTS",
     "COORDINATOR_PASSING",
+    "OFFSET_SENDER_OVERRIDES",
     "PRODUCER_DEFAULTS",
     "TRANSACTIONAL_PRODUCER_DEFAULTS",
     "AdminClient",
@@ -114,16 +115,22 @@ TRANSACTIONAL_PRODUCER_DEFAULTS: Mapping[str, Any] = {
     # between attempts to reach it: a producer learnt its new coordinator seconds after the
     # controller had moved it. Try at least once a second.
     "reconnect.backoff.max.ms": 1000,
-    # A request to a coordinator that died and left the metadata waits for some connection
-    # of this producer to go up or down before it looks the coordinator up again (librdkafka
-    # issue 5511), and may ignore its timeout (5456): a send of positions to the group's
-    # coordinator, which the processor made until session AC, once waited until the next
-    # broker failure. A connection idle for a second is closed, which is such a change: the
-    # request finds the new coordinator within about a second
-    # (tests/kafka/test_coordinator_gone.py). The cost: an idle worker's connections are made
-    # again when work comes (a connection on loopback takes under a millisecond).
-    "connections.max.idle.ms": 1000,
 }
+
+#: Extra settings of a transactional producer that sends positions to a group's coordinator
+#: (``send_offsets_to_transaction``: the repartition pump; the processor does not). Such a
+#: request to a coordinator that died and left the metadata waits for some connection of the
+#: producer to go up or down before it looks the coordinator up again (librdkafka issue 5511),
+#: and may ignore its timeout (5456): it once waited until the next broker failure. A
+#: connection idle for a second is closed, which is such a change: the request finds the new
+#: coordinator within about a second (tests/kafka/test_coordinator_gone.py). The cost, and why
+#: no other producer has it: librdkafka counts idleness from the last byte sent or received,
+#: whatever requests wait for an answer, so any request the brokers answer after more than a
+#: second is cut and sent again. After a broker's SIGKILL every write that needs its replicas
+#: waits until it is fenced (2 s): the processor's producers, which had it until session AE,
+#: had their metadata, coordinator and produce requests cut and learnt the new leaders 5-6 s
+#: after the kill (tests/kafka/test_idle_connections.py).
+OFFSET_SENDER_OVERRIDES: Mapping[str, Any] = {"connections.max.idle.ms": 1000}
 
 #: Settings of every consumer: offsets are committed explicitly, inside transactions or not.
 CONSUMER_DEFAULTS: Mapping[str, Any] = {

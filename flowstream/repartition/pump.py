@@ -94,7 +94,12 @@ class Pump:
         self.producer = clients.new_transactional_producer(
             plan.bootstrap,
             plan.move_id,
-            {"transaction.timeout.ms": 60_000, "message.max.bytes": _MAX_RECORD_BYTES},
+            {
+                "transaction.timeout.ms": 60_000,
+                "message.max.bytes": _MAX_RECORD_BYTES,
+                # It sends positions to its group (``send_offsets_to_transaction``).
+                **clients.OFFSET_SENDER_OVERRIDES,
+            },
         )
         self.consumer = clients.new_consumer(
             plan.bootstrap,

@@ -5,8 +5,9 @@ looks the coordinator up again. Once the dead broker has left the cluster's meta
 drops that broker and nothing changes state any more: ``send_offsets_to_transaction`` then
 waits until some other broker of the producer goes up or down, which may be the next broker
 failure (35-120 s in session Y's chaos runs), and its timeout is not honoured (issue 5456).
-``connections.max.idle.ms`` on the transactional producers makes an idle connection close after
-a second, which is such a change. Without it, this test's send never returns.
+``connections.max.idle.ms`` on a producer that sends positions (``OFFSET_SENDER_OVERRIDES``: the
+repartition pump's) makes an idle connection close after a second, which is such a change.
+Without it, this test's send never returns.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ def test_a_send_of_positions_finds_the_new_coordinator(kafka3_cluster: Cluster) 
     three_brokers_topic(bootstrap, topic, PARTITIONS)
     group = f"coord-gone-{uuid.uuid4().hex[:8]}"
     consumer = clients.new_consumer(bootstrap, group)
-    producer = clients.new_transactional_producer(bootstrap, f"coord-gone-{uuid.uuid4().hex[:8]}")
+    producer = clients.new_transactional_producer(
+        bootstrap, f"coord-gone-{uuid.uuid4().hex[:8]}", clients.OFFSET_SENDER_OVERRIDES
+    )
     victim = -1
     try:
         consumer.assign([clients.TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
