@@ -283,7 +283,7 @@ class HostWatch:
     def window(self, since: float, until: float) -> dict[str, Any]:
         """Between ``since`` and ``until`` (monotonic): the latest wake-up, the seconds of CPU
         and IO pressure (``None`` without ``/proc/pressure``), and the CPU seconds of each
-        watched process (``cpu_s``)."""
+        watched process (``cpu_s``, and second by second: ``cpu_by_second``)."""
         inside = [s for s in self.samples if since <= s[0] <= until]
         if len(inside) < 2:
             return {"late_max_s": None}
@@ -296,6 +296,10 @@ class HostWatch:
             valid = first[index] >= 0 and last[index] >= 0
             figures[name] = round((last[index] - first[index]) / 1e6, 2) if valid else None
         figures["cpu_s"] = self._cpu_by_process(since, until)
+        figures["cpu_by_second"] = {
+            name: [self._cpu_by_process(t, t + 1.0).get(name, 0.0) for t in _seconds(since, until)]
+            for name in figures["cpu_s"]
+        }
         return figures
 
     def _cpu_by_process(self, since: float, until: float) -> dict[str, float]:
@@ -313,6 +317,11 @@ class HostWatch:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(2)
+
+
+def _seconds(since: float, until: float) -> list[float]:
+    """The starts of the whole seconds from ``since`` (at least one) until ``until``."""
+    return [since + i for i in range(max(1, int(until - since + 0.999)))]
 
 
 _TICKS_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
