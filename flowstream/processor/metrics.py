@@ -113,6 +113,11 @@ class ProcessorMetrics:
             registry=r,
         )
         self.aborts = Counter("flowstream_transaction_aborts", "Aborted transactions", registry=r)
+        self.loop_iterations = Counter(
+            "flowstream_loop_iterations",
+            "Iterations of the processor's loop (one that spins while it waits shows here)",
+            registry=r,
+        )
         self.producer_resets = Counter(
             "flowstream_producer_resets",
             "Transactional producers replaced after a fatal error (fenced: e.g. the coordinator "

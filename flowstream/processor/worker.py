@@ -61,6 +61,9 @@ LOG = logging.getLogger("flowstream.processor")
 
 #: While steps run, the loop waits this long at most for an outcome before polling again.
 _STEP_WAIT_S = 0.002
+#: While nothing can be decided until a commit ends, the loop waits this long at most for it
+#: (woken as soon as it ends) before polling again.
+_CLOSED_WAIT_S = 0.05
 # How long one iteration takes decisions (step outcomes, then commands) before the open
 # transaction is sealed is ``Settings.decision_budget_ms``: the rest wait for the next, so no
 # transaction grows towards its timeout however many commands arrive at once.
@@ -156,6 +159,7 @@ class Processor:
             self.pipeline.close()
 
     async def iteration(self) -> None:
+        self.metrics.loop_iterations.inc()
         pipeline = self.pipeline
         if pipeline.stuck():
             pipeline.give_up(retake=True)
@@ -208,11 +212,21 @@ class Processor:
             pipeline.seal()  # nothing joined it: commit the positions alone, do not reopen
 
     async def _poll(self) -> list[Any]:
+        steps = self.steps
+        if self.pipeline.closed_until_commit(self._max_open_s):
+            # Nothing can be decided until the commit in flight ends (a broker's failure holds
+            # it for seconds): wait for it, and hold what is read meanwhile (500 commands at
+            # most) for then. Handing the held commands back at once went round the loop 4,000
+            # times a second; in chaos runs two workers so spun at 50-90 % of a core each
+            # through a broker kill, and the brokers they starved were fenced in turn.
+            await self._nap(steps.wake, _CLOSED_WAIT_S)
+            if not self._backlog:
+                self._backlog.extend(self.consumer.consume(num_messages=500, timeout=0))
+            return []
         if self._backlog:
             held = list(self._backlog)
             self._backlog.clear()
             return held
-        steps = self.steps
         if steps.results or self.tasks.restoring() or self.sweeper.pending():
             return list(self.consumer.consume(num_messages=500, timeout=0))
         if steps.running or self.pipeline.busy:

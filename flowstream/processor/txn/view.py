@@ -1,5 +1,6 @@
 """``PipelineView``: what the processor's loop asks the transaction pipeline (whether it
-decided, is busy or stuck, until when decisions may join the open transaction)."""
+decided, is busy or stuck, until when decisions may join the open transaction, whether it can
+take none until a commit ends)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,14 @@ class PipelineView:
         if txn is not None and txn.opened:
             until = min(until, txn.opened + max_open_s)
         return until
+
+    def closed_until_commit(self, max_open_s: float) -> bool:
+        """The open transaction takes no more decisions (open on Kafka for ``max_open_s``) and
+        a commit is in flight: nothing can be decided until that commit ends."""
+        sealed, txn = self.sealed, self.open
+        if sealed is None or sealed.commit is None or sealed.commit.done():
+            return False
+        return txn is not None and bool(txn.opened) and self._clock() - txn.opened >= max_open_s
 
     def idle_eager(self, idle_s: float) -> bool:
         """The open transaction was begun eagerly and nothing joined it for ``idle_s``."""
