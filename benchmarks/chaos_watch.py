@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import os
 import re
 import statistics
 import threading
@@ -277,7 +276,10 @@ class HostWatch:
             cpu = _pressure("cpu", "some")
             self.samples.append((now, late, cpu, _pressure("io", "some"), _pressure("io", "full")))
             if self._processes is not None:
-                used = {(n, pid): _cpu_seconds(pid) for n, pid in self._processes().items()}
+                used = {
+                    (n, pid): harness.cpu_seconds(pid, children=False, gone=-1.0)
+                    for n, pid in self._processes().items()
+                }
                 self.cpu.append((now, {key: s for key, s in used.items() if s >= 0}))
 
     def window(self, since: float, until: float) -> dict[str, Any]:
@@ -322,19 +324,6 @@ class HostWatch:
 def _seconds(since: float, until: float) -> list[float]:
     """The starts of the whole seconds from ``since`` (at least one) until ``until``."""
     return [since + i for i in range(max(1, int(until - since + 0.999)))]
-
-
-_TICKS_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds process ``pid`` has used (its threads included); -1 if gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return -1.0
-    # After the name: state is field 3 of stat(5), utime 14 and stime 15.
-    return (int(fields[11]) + int(fields[12])) / _TICKS_S
 
 
 def _pressure(resource: str, line: str) -> int:

@@ -392,10 +392,14 @@ def _stat(pid: int) -> tuple[int, int, float]:
                 hwm = int(line.split()[1])
             elif line.startswith("VmRSS:"):
                 rss = int(line.split()[1])
+    return hwm, rss, _cpu(pid)
+
+
+def _cpu(pid: int, children: bool = True) -> float:
     with open(f"/proc/{pid}/stat") as handle:
         fields = handle.read().rsplit(")", 1)[1].split()
-    cpu = sum(int(x) for x in fields[11:15]) / _TICK
-    return hwm, rss, cpu
+    # After the name: utime, stime, cutime and cstime are fields 14-17 of stat(5).
+    return sum(int(x) for x in fields[11 : 15 if children else 13]) / _TICK
 
 
 def procstat(label: str, pids: Iterable[int], *, tree: bool = True) -> dict[str, Any]:
@@ -454,11 +458,13 @@ class SelfUsage:
         }
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int, *, children: bool = True, gone: float = 0.0) -> float:
+    """User and system CPU seconds of process ``pid`` (its threads included), with those of
+    the children it reaped unless ``children`` is false; ``gone`` once it has exited."""
     try:
-        return _stat(pid)[2]
-    except OSError:
-        return 0.0
+        return _cpu(pid, children)
+    except (OSError, IndexError):
+        return gone
 
 
 # -- the machine ----------------------------------------------------------------------------
