@@ -159,16 +159,24 @@ def event_offsets(bootstrap: str, prefix: str, partitions: int) -> dict[str, lis
     return offsets
 
 
-def record_offsets(bootstrap: str, prefix: str, partitions: int) -> set[tuple[int, int]]:
-    """(partition, offset) of every committed record of the events topic, of any kind: an offset
-    between two of them that is not here holds a transaction marker (or an aborted record)."""
+def record_offsets(
+    bootstrap: str, prefix: str, partitions: int
+) -> tuple[set[tuple[int, int]], dict[int, int]]:
+    """(partition, offset) of every committed record of the events topic, of any kind (an offset
+    below its partition's end that is not here holds a transaction marker or an aborted record),
+    and each partition's end."""
     every: set[tuple[int, int]] = set()
-    _event_records(bootstrap, prefix, partitions, every)
-    return every
+    ends: dict[int, int] = {}
+    _event_records(bootstrap, prefix, partitions, every, ends)
+    return every, ends
 
 
 def _event_records(
-    bootstrap: str, prefix: str, partitions: int, every: set[tuple[int, int]] | None = None
+    bootstrap: str,
+    prefix: str,
+    partitions: int,
+    every: set[tuple[int, int]] | None = None,
+    ends: dict[int, int] | None = None,
 ) -> list[tuple[EventEnvelope, str, tuple[int, int]]]:
     from flowstream.kafka import clients
 
@@ -177,7 +185,7 @@ def _event_records(
     )
     topic = f"{prefix}.events"
     consumer.assign([clients.TopicPartition(topic, p, 0) for p in range(partitions)])
-    ends = {}
+    ends = {} if ends is None else ends
     for p in range(partitions):
         ends[p] = consumer.get_watermark_offsets(
             clients.TopicPartition(topic, p), timeout=10, cached=False
