@@ -20,7 +20,11 @@ schedule, cycling through the kinds unless ``--faults`` names them:
   times (it heard none of their heartbeats for its 2 s session), which stalled every partition
   for 19 s. Each kill's figures say what the host did meanwhile and whom the controller fenced;
 * ``coordinator-kill``: a ``broker-kill`` of the processors' group coordinator every time (not in
-  the default cycle; it measures the longest kind of broker kill).
+  the default cycle; it measures the longest kind of broker kill);
+* ``broker-stop``: SIGSTOP a broker (chosen as for ``broker-kill``) for ``--broker-stop`` s, then
+  SIGCONT (not in the default cycle). A killed broker's sockets are closed by its kernel, so its
+  clients learn at once; a stopped one's stay open and answer nothing, as a long GC pause or a
+  network that drops packets would, and its clients learn only from their own timeouts.
 
 After the window the driver waits until every run it started is terminal, stops the workers, and
 hands over to :mod:`benchmarks.chaos_audit`, which reads the events topic on its own. Printed:
@@ -76,7 +80,7 @@ __all__ = ["FAULT_KINDS", "SHORT", "ChaosOptions", "ChaosResult", "format_result
 
 FAULT_KINDS = ("worker-kill", "worker-stop", "broker-kill", "state-wipe")
 #: Kinds that run only when ``--faults`` names them.
-NAMED_KINDS = ("coordinator-kill",)
+NAMED_KINDS = ("coordinator-kill", "broker-stop")
 
 
 @dataclass
@@ -90,6 +94,8 @@ class ChaosOptions:
     stop_s: tuple[float, float] = (7.0, 14.0)
     worker_down: float = 6.0
     broker_down: float = 10.0
+    #: How long a ``broker-stop`` holds its broker stopped.
+    broker_stop: float = 8.0
     #: The niceness a killed broker restarts at, until it answers.
     restart_nice: int = 10
     settle: float = 300.0
@@ -318,10 +324,12 @@ class _Driver:
 
     def inject(self, kind: str) -> None:
         now = time.monotonic()
-        if kind in ("broker-kill", "coordinator-kill"):
+        if kind in ("broker-kill", "coordinator-kill", "broker-stop"):
             if self._brokers_down:
                 print(f"chaos: {kind} waits: a broker is still restarting", flush=True)
-            self._kill_broker_when_up(coordinator_only=kind == "coordinator-kill")
+            self._kill_broker_when_up(
+                coordinator_only=kind == "coordinator-kill", stop=kind == "broker-stop"
+            )
             return
         candidates = self.workers.up()
         if len(candidates) < 2:  # keep one worker serving
@@ -345,16 +353,16 @@ class _Driver:
         fault.detail["probes"] = self._probe(now)
         print(f"chaos: {kind} {victim} (it wrote last on partitions {owned})", flush=True)
 
-    def _kill_broker_when_up(self, coordinator_only: bool = False) -> None:
+    def _kill_broker_when_up(self, coordinator_only: bool = False, stop: bool = False) -> None:
         """A broker killed while another restarts would take two down at once (and its gap
         would be the restart's): the kill waits until every broker is back."""
         now = time.monotonic()
         if self._brokers_down:
-            self.later(now + 1.0, lambda: self._kill_broker_when_up(coordinator_only))
+            self.later(now + 1.0, lambda: self._kill_broker_when_up(coordinator_only, stop))
         else:
-            self._kill_broker(now, coordinator_only)
+            self._kill_broker(now, coordinator_only, stop)
 
-    def _kill_broker(self, now: float, coordinator_only: bool = False) -> None:
+    def _kill_broker(self, now: float, coordinator_only: bool = False, stop: bool = False) -> None:
         admin = clients.new_admin(self.bootstrap)
         start_topic = load_topology().names(self.prefix)[CMD_START]
         metadata = admin.list_topics(timeout=10).topics
@@ -370,9 +378,13 @@ class _Driver:
         self._brokers_killed += 1
         led = sorted(p for p, leader in leaders.items() if leader == broker)
         self._brokers_down.add(broker)
-        self.cluster.kill_node(broker)
+        pid = next(s.pid for s in self.cluster.status() if s.node.node_id == broker)
+        if stop and pid is not None:
+            os.kill(pid, signal.SIGSTOP)
+        else:
+            self.cluster.kill_node(broker)
         fault = Fault(
-            "broker-kill",
+            "broker-stop" if stop else "broker-kill",
             time.monotonic(),
             f"broker-{broker}",
             {
@@ -384,8 +396,16 @@ class _Driver:
         self.faults.append(fault)
         fault.detail["probes"] = self._probe(fault.at)
         print(
-            f"chaos: broker-kill node {broker} (led {led}, coordinator {coordinator})", flush=True
+            f"chaos: {fault.kind} node {broker} (led {led}, coordinator {coordinator})", flush=True
         )
+        if stop and pid is not None:
+
+            def resume() -> None:
+                os.kill(pid, signal.SIGCONT)
+                self._brokers_down.discard(broker)
+
+            self.later(now + self.options.broker_stop, resume)
+            return
 
         def restart() -> None:
             began = time.monotonic()
@@ -588,6 +608,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fault-every", type=float, default=40.0, help="seconds (no --faults)")
     parser.add_argument("--worker-down", type=float, default=6.0)
     parser.add_argument("--broker-down", type=float, default=10.0)
+    parser.add_argument("--broker-stop", type=float, default=8.0, help="seconds (broker-stop)")
     parser.add_argument(
         "--restart-nice",
         type=int,
@@ -623,6 +644,7 @@ def main(argv: list[str] | None = None) -> None:
         fault_every=args.fault_every,
         worker_down=args.worker_down,
         broker_down=args.broker_down,
+        broker_stop=args.broker_stop,
         restart_nice=args.restart_nice,
         settle=args.settle,
         seed=args.seed,

@@ -169,7 +169,7 @@ def fault_figures(
     gaps = []
     for fault, next_at in zip(faults, ends, strict=True):
         until = min(next_at, fault.at + _WINDOW_S)
-        if fault.kind == "broker-kill":
+        if fault.kind in ("broker-kill", "broker-stop"):
             led = set(fault.detail["led"])
             others = set(range(partitions)) - led
             gap_until = min(next_at, fault.at + broker_down + 30)

@@ -104,8 +104,13 @@ class FlowClient:
         self.topics = self.topology.names(settings.topic_prefix)
         self.partitions = self.topology.run_partitions
         # A command goes out at once (librdkafka still batches what queues while a request is
-        # in flight): a start waiting out a linger is latency every run pays.
-        self._producer = clients.new_producer(settings.bootstrap, {"linger.ms": 0})
+        # in flight): a start waiting out a linger is latency every run pays. A command sent to
+        # a leader that stopped answering is sent again to the new one after
+        # ``request_timeout_ms``, not after librdkafka's 60 s.
+        self._producer = clients.new_producer(
+            settings.bootstrap,
+            {"linger.ms": 0, "socket.timeout.ms": settings.request_timeout_ms},
+        )
         # Reads the outcomes of the commands this client waits for.
         self._reader = OutcomeReader(settings, self.topics[EVENTS], self.partitions)
 

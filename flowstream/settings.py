@@ -53,6 +53,15 @@ class Settings(FrozenModel):
     #: slow broker, a starved host). A dead processor's open transaction does not wait for it:
     #: the next owner of its partitions fences it at once (``processor.fence``).
     transaction_timeout_ms: int = Field(default=10_000, ge=1000)
+    #: How long the processor's producers and group member, and ``FlowClient``'s producer, wait
+    #: for a broker's answer before they close that connection and ask again, where the
+    #: partition's leader or the coordinator is now (librdkafka's ``socket.timeout.ms``: 60 s
+    #: by default, just under ``transaction_timeout_ms`` for a transactional producer, which it
+    #: may not exceed). A broker that stops answering without dying (a long pause, a network
+    #: that drops packets) keeps its connections open: the controller moves its partitions
+    #: within its session, but a write left waiting there holds the whole transaction, and a
+    #: start sent there its caller, until this runs out.
+    request_timeout_ms: int = Field(default=3_000, ge=1000)
     #: A processor that sent no heartbeat for this long loses its partitions (heartbeats every
     #: tenth of it). Raised to the brokers' ``group.min.session.timeout.ms`` if below.
     session_timeout_ms: int = Field(default=1_500, ge=1000)

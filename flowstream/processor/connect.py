@@ -31,6 +31,13 @@ def debug_config(settings: Settings) -> dict[str, str]:
     return {"debug": settings.kafka_debug}
 
 
+def request_timeout(settings: Settings) -> dict[str, int]:
+    """How long a request may go unanswered before its connection is closed
+    (``Settings.request_timeout_ms``; librdkafka refuses a transactional producer whose
+    ``socket.timeout.ms`` is over its ``transaction.timeout.ms``)."""
+    return {"socket.timeout.ms": min(settings.request_timeout_ms, settings.transaction_timeout_ms)}
+
+
 def client_id(settings: Settings) -> str:
     return f"{settings.group}/{settings.instance_id}"
 
@@ -71,6 +78,7 @@ def connect_clients(processor: Processor) -> None:
             # A dead group coordinator is found again as soon as one attempt to reach it fails
             # (TRANSACTIONAL_PRODUCER_DEFAULTS says why): not after up to 10 s.
             "reconnect.backoff.max.ms": 1000,
+            **request_timeout(s),
             **debug_config(s),
         },
     )

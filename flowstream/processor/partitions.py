@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from flowstream import wire
 from flowstream.kafka import clients
 from flowstream.model.events import EventEnvelope
-from flowstream.processor.connect import debug_config
+from flowstream.processor.connect import debug_config, request_timeout
 from flowstream.processor.engine import PartitionEngine
 from flowstream.processor.tasks import PartitionTask
 from flowstream.processor.txn.errors import retrying
@@ -109,6 +109,7 @@ class PartitionHost:
                     # call raises the error itself, as a bare KafkaError
                     # (``clients.as_exception``).
                     "on_delivery": delivered,
+                    **request_timeout(s),
                     **debug_config(s),
                 },
             )
