@@ -279,9 +279,10 @@ def test_a_broker_that_stops_answering_holds_no_run_for_its_whole_pause(
 
 #: How long the broker is held stopped: longer than librdkafka's own timeout was.
 PAUSE_S = 15.0
-#: A run on a partition the stopped broker did not lead: 16.8 and 17.0 s before; 7.7 and 7.9 s
-#: with a 3 s request timeout (the write times out, then the coordinator's call may too).
-SPARED_LIMIT_S = 11.0
+#: A run on a partition the stopped broker did not lead: 16.8-22.0 s before; 7.7-7.9 s with a
+#: 3 s request timeout (the write times out, then the coordinator's call may too), so the limit
+#: leaves a loaded machine room.
+SPARED_LIMIT_S = 13.0
 #: A run on a partition it led (its start waits for the new leader too).
 LED_LIMIT_S = 20.0
 
