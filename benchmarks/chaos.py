@@ -379,6 +379,7 @@ class _Driver:
         led = sorted(p for p, leader in leaders.items() if leader == broker)
         self._brokers_down.add(broker)
         pid = next(s.pid for s in self.cluster.status() if s.node.node_id == broker)
+        stop = stop and pid is not None  # a node not running is killed (already gone)
         if stop and pid is not None:
             os.kill(pid, signal.SIGSTOP)
         else:
